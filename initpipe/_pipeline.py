@@ -1,0 +1,196 @@
+"""``Pipeline``: a validated, ordered set of stages with per-phase external inputs."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import types
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import networkx as nx
+
+from ._dispatch import Step
+from ._graph import START, collect_specs, edge_label, normalize_inputs, order_graph, validate
+from ._run import Listener, Run, bind_inputs
+from ._stage import KV, MODEL, PHASES, StageSpec, get_spec
+from .errors import PipelineValidationError, StageDeclarationError, UnknownStageNameError
+
+__all__ = ["Pipeline"]
+
+InputDecl = Sequence[str] | Mapping[str, Any]
+
+
+class Pipeline:
+    """A validated DAG of stages, ordered by networkx, with per-phase external inputs.
+
+    Args:
+        stages: ``@stage`` functions (or StageSpecs), in any order.
+        start_inputs: inputs given to :meth:`start` (for vLLM: ``vllm_config``, ``device``).
+        model_inputs: inputs given to ``run.load()`` (default: ``model``).
+        kv_inputs: inputs given to ``run.initialize_kv_cache()`` (default:
+            ``kv_cache_config``). Each is a sequence of names (all required) or a mapping of
+            name to default (:data:`initpipe.REQUIRED` for none).
+        name: a label for messages and drawings.
+
+    Raises:
+        PipelineValidationError: listing every problem found (``.problems``).
+    """
+
+    def __init__(self, stages: Iterable[Any], *, start_inputs: InputDecl = (),
+                 model_inputs: InputDecl = ("model",),
+                 kv_inputs: InputDecl = ("kv_cache_config",), name: str = "pipeline") -> None:
+        self.name = name
+        self.inputs: dict[str, dict[str, Any]] = {
+            START: normalize_inputs(start_inputs), MODEL: normalize_inputs(model_inputs),
+            KV: normalize_inputs(kv_inputs)}
+        specs, problems = collect_specs(stages)
+        by_name, producers, graph, more = validate(specs, self.inputs)
+        problems += more
+        if problems:
+            raise PipelineValidationError(problems)
+        self.graph: nx.DiGraph = graph
+        self.order: list[str] = order_graph(graph)
+        #: Stage specs by name, in execution order.
+        self.specs: dict[str, StageSpec] = {n: by_name[n] for n in self.order}
+        #: Output key -> name of the stage that provides it.
+        self.producers_by_stage: dict[str, str] = {
+            k: v for k, v in producers.items() if not v.startswith("input:")}
+        self._step_cache: dict[str, list[Step]] = {}
+
+    # -- construction --------------------------------------------------------------------
+    @classmethod
+    def from_module(cls, module: types.ModuleType | str, **kwargs: Any) -> Pipeline:
+        """Build a pipeline from every stage that is an attribute of ``module``.
+
+        Args:
+            module: a module object or its dotted name.
+            **kwargs: as for :class:`Pipeline`; when no ``*_inputs`` are given, the module's
+                ``INITPIPE_INPUTS = {"start": ..., "model": ..., "kv_cache_config": ...}``
+                is used if present.
+
+        Raises:
+            ImportError: the module cannot be imported.
+            PipelineValidationError: see :class:`Pipeline`.
+        """
+        mod = importlib.import_module(module) if isinstance(module, str) else module
+        stages = [v for v in vars(mod).values() if get_spec(v) is not None]
+        declared = getattr(mod, "INITPIPE_INPUTS", None)
+        if declared and not any(k.endswith("_inputs") for k in kwargs):
+            kwargs.update({"start_inputs": declared.get(START, ()),
+                           "model_inputs": declared.get(MODEL, ("model",)),
+                           "kv_inputs": declared.get(KV, ("kv_cache_config",))})
+        kwargs.setdefault("name", mod.__name__)
+        return cls(stages, **kwargs)
+
+    def _rebuild(self, stages: Iterable[Any]) -> Pipeline:
+        return Pipeline(stages, start_inputs=self.inputs[START], model_inputs=self.inputs[MODEL],
+                        kv_inputs=self.inputs[KV], name=self.name)
+
+    def replace(self, name: str, new: Any, *, package: str | None = None) -> Pipeline:
+        """Return a new pipeline where stage ``name`` is replaced by ``new``.
+
+        The replacement keeps the stage's name and phase and must provide the same outputs;
+        its inputs may differ (the whole graph is validated again).
+
+        Raises:
+            StageDeclarationError: ``new`` is not a stage, or provides other outputs/phase.
+            KeyError-like InitpipeError: no stage called ``name`` (with suggestions).
+            PipelineValidationError: the new graph is invalid.
+        """
+        old = self.stage(name)
+        spec = _as_spec(new, package)
+        if set(spec.provides) != set(old.provides) or spec.needs != old.needs:
+            msg = (f"replacement {spec.qualname} for stage {name!r} must provide "
+                   f"{list(old.provides)} in phase {old.needs!r}; it provides "
+                   f"{list(spec.provides)} in phase {spec.needs!r}.")
+            raise StageDeclarationError(msg, stage=spec.qualname, field="provides")
+        spec = _evolve(spec, name=name, package=package)
+        return self._rebuild([spec if n == name else s for n, s in self.specs.items()])
+
+    def add(self, new: Any, *, after: str | Iterable[str] = (), before: str | Iterable[str] = (),
+            package: str | None = None) -> Pipeline:
+        """Return a new pipeline with stage ``new`` added (plus optional ordering edges).
+
+        Raises:
+            StageDeclarationError: ``new`` is not a stage.
+            PipelineValidationError: the new graph is invalid (names ``package`` if given).
+        """
+        spec = _as_spec(new, package)
+        extra_after = (after,) if isinstance(after, str) else tuple(after)
+        extra_before = (before,) if isinstance(before, str) else tuple(before)
+        spec = _evolve(spec, after=spec.after + extra_after, before=spec.before + extra_before,
+                       package=package)
+        return self._rebuild([*self.specs.values(), spec])
+
+    # -- inspection ----------------------------------------------------------------------
+    def stage(self, name: str) -> StageSpec:
+        """Return the spec of stage ``name``.
+
+        Raises:
+            UnknownStageNameError: no such stage (with close names).
+        """
+        try:
+            return self.specs[name]
+        except KeyError:
+            close = difflib.get_close_matches(name, list(self.specs), n=3)
+            hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+            msg = f"pipeline {self.name!r} has no stage {name!r}.{hint}"
+            raise UnknownStageNameError(msg, name) from None
+
+    def phase_order(self, phase: str) -> list[str]:
+        """Stage names of ``phase`` (``model`` or ``kv_cache_config``) in execution order."""
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; use one of {PHASES}.")
+        return [n for n, s in self.specs.items() if s.needs == phase]
+
+    def edge_keys(self, a: str, b: str) -> str:
+        """The data key(s) on edge a -> b, or ``after/before`` for an ordering edge."""
+        return edge_label(self.graph, a, b)
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{p}: {len(self.phase_order(p))}" for p in PHASES)
+        return f"<Pipeline {self.name!r} {len(self)} stages ({counts})>"
+
+    # -- running -------------------------------------------------------------------------
+    def start(self, *, listeners: Sequence[Listener] = (), **inputs: Any) -> Run:
+        """Begin a run with the start-phase inputs.
+
+        Args:
+            listeners: callables receiving each TraceEvent (progress, logging).
+            **inputs: the declared start inputs.
+
+        Raises:
+            InputsError: missing or unknown inputs.
+        """
+        values = bind_inputs(START, "start()", self.inputs[START], inputs)
+        return Run(self, values, tuple(listeners))
+
+    def _steps(self, phase: str) -> list[Step]:
+        steps = self._step_cache.get(phase)
+        if steps is None:
+            steps = self._step_cache[phase] = [
+                Step(self.specs[n]) for n in self.phase_order(phase)]
+        return list(steps)
+
+
+def _as_spec(obj: Any, package: str | None) -> StageSpec:
+    spec = get_spec(obj)
+    if spec is None:
+        who = f" (from package {package!r})" if package else ""
+        raise StageDeclarationError(
+            f"{obj!r}{who} is not a stage: decorate it with @stage(needs=...).",
+            stage=repr(obj), field="func")
+    return spec
+
+
+def _evolve(spec: StageSpec, **changes: Any) -> StageSpec:
+    import attrs
+
+    if changes.get("package") is None:
+        changes.pop("package", None)
+    return attrs.evolve(spec, **changes)
+

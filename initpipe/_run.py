@@ -1,0 +1,301 @@
+"""The two-phase runner: ``load()`` runs the model phase, ``initialize_kv_cache()`` the
+re-runnable KV phase; teardowns undo a phase in reverse order.
+
+The phase protocol is explicit data (``Run.state``) and is checked on every call. Public
+methods hold one lock, so concurrent calls are serialized (one waits for the other).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
+
+from ._dispatch import Failed, Step, run_steps
+from ._graph import REQUIRED
+from ._stage import KV, MODEL
+from ._trace import TEARDOWN, Trace, TraceEvent, blame, critical_path
+from .errors import (
+    InputsError,
+    OutputNotAvailableError,
+    PhaseOrderError,
+    StageError,
+    TeardownError,
+)
+
+if TYPE_CHECKING:
+    from ._pipeline import Pipeline
+
+__all__ = ["Outputs", "Run"]
+
+Listener = Callable[[TraceEvent], None]
+
+
+def bind_inputs(phase: str, call: str, declared: Mapping[str, Any],
+                given: Mapping[str, Any]) -> dict[str, Any]:
+    """Check ``given`` against a phase's declared inputs and fill defaults."""
+    missing = [k for k, d in declared.items() if d is REQUIRED and k not in given]
+    unknown = sorted(k for k in given if k not in declared)
+    if missing or unknown:
+        raise InputsError(phase, call, missing, unknown, list(declared))
+    return {k: given.get(k, d) for k, d in declared.items()}
+
+
+class Outputs(Mapping[str, Any]):
+    """Read-only view of a run's stage outputs; a missing key says what to call."""
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+
+    def _present(self) -> list[str]:
+        return [k for k in self._run._values if k in self._run.pipeline.producers_by_stage]
+
+    def __getitem__(self, key: str) -> Any:
+        run = self._run
+        if key in run.pipeline.producers_by_stage and key in run._values:
+            return run._values[key]
+        raise OutputNotAvailableError(key, run._why_missing(key))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._present())
+
+    def __len__(self) -> int:
+        return len(self._present())
+
+    def __repr__(self) -> str:
+        return f"<Outputs {self._present()}>"
+
+
+class Run:
+    """One initialization: created by :meth:`Pipeline.start`, driven phase by phase.
+
+    Attributes:
+        pipeline: the validated Pipeline.
+        trace: the :class:`Trace` of every stage run, teardown and host span.
+        outputs: read-only mapping of the stage outputs that exist now.
+        state: ``started``, ``loaded`` or ``closed``.
+        kv_generation: how many times the KV phase has completed or been attempted.
+    """
+
+    def __init__(self, pipeline: Pipeline, start_values: dict[str, Any],
+                 listeners: tuple[Listener, ...] = ()) -> None:
+        self.pipeline = pipeline
+        self.trace = Trace()
+        self.outputs = Outputs(self)
+        self.state = "started"
+        self.kv_generation = 0
+        self._values: dict[str, Any] = dict(start_values)
+        self._done: dict[str, list[tuple[Step, Any, tuple]]] = {MODEL: [], KV: []}
+        self._phase_inputs: dict[str, tuple[str, ...]] = {MODEL: (), KV: ()}
+        self._listeners = list(listeners)
+        self._lock = threading.Lock()
+        self._steps = {MODEL: pipeline._steps(MODEL), KV: pipeline._steps(KV)}
+
+    # -- observation ---------------------------------------------------------------------
+    def add_listener(self, fn: Listener) -> None:
+        """Call ``fn(event)`` after every stage run and teardown (progress, logging)."""
+        self._listeners.append(fn)
+
+    @property
+    def kv_ready(self) -> bool:
+        """True while a completed KV phase is in place."""
+        return bool(self._done[KV]) and len(self._done[KV]) == len(self._steps[KV])
+
+    def completed(self, phase: str) -> list[str]:
+        """Stage names completed (and not torn down) in ``phase``, in order."""
+        return [s.name for s, _, _ in self._done[phase]]
+
+    def critical_path(self) -> list[tuple[str, float]]:
+        """The longest chain of stages weighted by their latest durations."""
+        return critical_path(self.pipeline.graph, self.trace.durations())
+
+    def blame(self) -> list[tuple[str, float]]:
+        """Stages by their latest duration, longest first."""
+        return blame(self.trace.durations())
+
+    # -- phases --------------------------------------------------------------------------
+    def load(self, **inputs: Any) -> Mapping[str, Any]:
+        """Run every "needs model" stage, in order.
+
+        Args:
+            **inputs: the model phase's declared inputs (for vLLM: ``model``).
+
+        Returns:
+            The outputs mapping.
+
+        Raises:
+            PhaseOrderError: already loaded, or the run is closed.
+            InputsError: missing or unknown inputs.
+            StageError: a stage raised; the phase was rolled back and may be retried.
+        """
+        with self._lock:
+            self._check_open("load()")
+            if self.state == "loaded":
+                msg = ("load() was already called on this run; model-phase outputs are "
+                       "reused. Call close() and pipeline.start() for a new run.")
+                raise PhaseOrderError(msg)
+            values = bind_inputs(MODEL, "load()", self.pipeline.inputs[MODEL], inputs)
+            self._run_phase(MODEL, values, 0)
+            self.state = "loaded"
+            return self.outputs
+
+    def initialize_kv_cache(self, kv_cache_config: Any = REQUIRED, /,
+                            **inputs: Any) -> Mapping[str, Any]:
+        """Run every "needs kv_cache_config" stage, tearing down a previous KV phase first.
+
+        Args:
+            kv_cache_config: the KV cache config (the ``kv_cache_config`` input).
+            **inputs: the other declared KV-phase inputs (e.g. ``is_profiling``).
+
+        Returns:
+            The outputs mapping.
+
+        Raises:
+            PhaseOrderError: load() has not run, or the run is closed.
+            InputsError: missing or unknown inputs.
+            TeardownError: tearing down the previous KV phase failed (its outputs are gone
+                anyway; the new phase did not start).
+            StageError: a stage raised; the phase was rolled back and may be retried.
+        """
+        with self._lock:
+            self._check_open("initialize_kv_cache()")
+            if self.state != "loaded":
+                raise PhaseOrderError("load() must be called before initialize_kv_cache(): "
+                                      "the KV phase reads model-phase outputs.")
+            if kv_cache_config is not REQUIRED:
+                if "kv_cache_config" in inputs:
+                    raise InputsError(KV, "initialize_kv_cache()", [], ["kv_cache_config"],
+                                      list(self.pipeline.inputs[KV]))
+                inputs["kv_cache_config"] = kv_cache_config
+            values = bind_inputs(KV, "initialize_kv_cache()", self.pipeline.inputs[KV], inputs)
+            self._teardown_phase(KV)
+            self.kv_generation += 1
+            self._run_phase(KV, values, self.kv_generation)
+            return self.outputs
+
+    def teardown_kv_cache(self) -> None:
+        """Undo the KV phase (reverse order, each teardown once); model outputs stay.
+
+        Raises:
+            TeardownError: some teardowns raised (all ran; the outputs are gone).
+        """
+        with self._lock:
+            self._teardown_phase(KV)
+
+    def close(self) -> None:
+        """Tear everything down (KV phase, then model phase). Idempotent.
+
+        Raises:
+            TeardownError: some teardowns raised (all ran).
+        """
+        with self._lock:
+            if self.state == "closed":
+                return
+            errors: list[tuple[str, BaseException]] = []
+            for phase in (KV, MODEL):
+                try:
+                    self._teardown_phase(phase)
+                except TeardownError as err:
+                    errors.extend(err.failures)
+            self.state = "closed"
+            if errors:
+                raise TeardownError(errors)
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals -----------------------------------------------------------------------
+    def _check_open(self, call: str) -> None:
+        if self.state == "closed":
+            raise PhaseOrderError(f"{call} called on a closed run; call pipeline.start() "
+                                  f"for a new one.")
+
+    def _listener(self) -> Callable[[Step, float, str], None] | None:
+        if not self._listeners:
+            return None
+        trace, listeners = self.trace, self._listeners
+
+        def emit(step: Step, duration: float, outcome: str) -> None:
+            ev = trace.last()
+            for fn in listeners:
+                fn(ev)
+
+        return emit
+
+    def _run_phase(self, phase: str, values: dict[str, Any], generation: int) -> None:
+        self._values.update(values)
+        self._phase_inputs[phase] = tuple(values)
+        done = self._done[phase]
+        try:
+            run_steps(self._steps[phase], self._values, done, self.trace, generation,
+                      self._listener())
+        except Failed as failed:
+            completed = [s.name for s, _, _ in done]
+            try:
+                rolled = self._teardown_phase(phase)
+                td_err = None
+            except TeardownError as err:
+                rolled, td_err = completed[::-1], err
+            spec = failed.step.spec
+            err = StageError(spec.name, spec.qualname, phase, completed, rolled,
+                             failed.error, td_err)
+            if not isinstance(failed.error, Exception):
+                raise failed.error from None  # KeyboardInterrupt etc.: rolled back, re-raised
+            raise err from failed.error
+
+    def _teardown_phase(self, phase: str) -> list[str]:
+        done = self._done[phase]
+        failures: list[tuple[str, BaseException]] = []
+        ran: list[str] = []
+        listener = self._listener()
+        while done:
+            step, out, args = done.pop()
+            spec = step.spec
+            if spec.teardown is not None:
+                named = dict(zip(spec.inputs, args, strict=True))
+                t0 = perf_counter()
+                try:
+                    spec.teardown(out, *[named[k] for k in spec.teardown_inputs])
+                    outcome, err_s = "ok", None
+                except Exception as err:  # every teardown runs; one error reports them all
+                    failures.append((spec.name, err))
+                    outcome, err_s = "error", f"{type(err).__name__}: {err}"
+                t1 = perf_counter()
+                self.trace.record(spec.name, phase, TEARDOWN, t0, t1, outcome,
+                                  self.kv_generation if phase == KV else 0, err_s)
+                if listener is not None:
+                    listener(step, t1 - t0, outcome)
+            for k in spec.provides:
+                self._values.pop(k, None)
+            ran.append(spec.name)
+        for k in self._phase_inputs[phase]:
+            self._values.pop(k, None)
+        self._phase_inputs[phase] = ()
+        if failures:
+            raise TeardownError(failures)
+        return ran
+
+    def _why_missing(self, key: str) -> str:
+        p = self.pipeline
+        if key in p.producers_by_stage:
+            spec = p.specs[p.producers_by_stage[key]]
+            call = "run.load(...)" if spec.needs == MODEL else "run.initialize_kv_cache(...)"
+            if self.state == "closed":
+                return (f"output {key!r} of stage {spec.name!r} was torn down: the run is "
+                        f"closed. Start a new run with pipeline.start().")
+            return (f"output {key!r} of stage {spec.name!r} ({spec.needs} phase) is not "
+                    f"available: the phase has not run, failed, or was torn down. "
+                    f"Call {call} first.")
+        for phase, keys in p.inputs.items():
+            if key in keys:
+                return f"{key!r} is an input of the {phase!r} phase, not a stage output."
+        import difflib
+
+        close = difflib.get_close_matches(key, list(p.producers_by_stage), n=3)
+        hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+        return f"no stage provides {key!r}.{hint}"
+

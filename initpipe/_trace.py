@@ -1,0 +1,182 @@
+"""Per-stage trace: what ran, when, for how long, and how it ended.
+
+The hot loop appends plain tuples (cheap); :class:`TraceEvent` objects are built on read.
+Exports: initpipe JSON (``to_dict``/``write_json``) and Chrome trace-event JSON
+(``to_chrome``/``write_chrome``; opens in Perfetto or chrome://tracing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import networkx as nx
+
+__all__ = ["Trace", "TraceEvent", "blame", "critical_path"]
+
+STAGE = "stage"
+TEARDOWN = "teardown"
+SPAN = "span"
+
+
+@attrs.frozen(kw_only=True)
+class TraceEvent:
+    """One recorded step.
+
+    Attributes:
+        name: stage (or span) name.
+        phase: ``model``, ``kv_cache_config``, or a host label for spans (e.g. ``vllm``).
+        kind: ``stage``, ``teardown`` or ``span``.
+        start: seconds since the trace began.
+        duration: seconds.
+        outcome: ``ok`` or ``error``.
+        generation: which run of the phase (the KV phase counts up on each re-run).
+        error: ``Type: message`` when the outcome is ``error``.
+    """
+
+    name: str
+    phase: str
+    kind: str
+    start: float
+    duration: float
+    outcome: str
+    generation: int = 0
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the event as plain JSON-able data."""
+        return attrs.asdict(self)
+
+
+class Trace:
+    """The record of a run: stage runs, teardowns and host spans, in order."""
+
+    def __init__(self) -> None:
+        self.origin = time.perf_counter()
+        self.wall_origin = time.time()
+        self._records: list[tuple[Any, ...]] = []
+
+    # The hot loop calls this with perf_counter() values.
+    def record(self, name: str, phase: str, kind: str, t0: float, t1: float, outcome: str,
+               generation: int = 0, error: str | None = None) -> None:
+        """Append one event (times are ``time.perf_counter()`` values)."""
+        self._records.append((name, phase, kind, t0 - self.origin, t1 - t0, outcome,
+                              generation, error))
+
+    @property
+    def events(self) -> list[TraceEvent]:
+        """Every event so far, in the order they ended."""
+        return [TraceEvent(name=r[0], phase=r[1], kind=r[2], start=r[3], duration=r[4],
+                           outcome=r[5], generation=r[6], error=r[7]) for r in self._records]
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def last(self) -> TraceEvent:
+        """The most recent event."""
+        r = self._records[-1]
+        return TraceEvent(name=r[0], phase=r[1], kind=r[2], start=r[3], duration=r[4],
+                          outcome=r[5], generation=r[6], error=r[7])
+
+    @contextlib.contextmanager
+    def span(self, name: str, phase: str = "host") -> Iterator[None]:
+        """Record a host step outside the DAG (weight loading, profiling, ...) as a span."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        except BaseException as err:
+            self.record(name, phase, SPAN, t0, time.perf_counter(), "error",
+                        error=f"{type(err).__name__}: {err}")
+            raise
+        self.record(name, phase, SPAN, t0, time.perf_counter(), "ok")
+
+    def durations(self) -> dict[str, float]:
+        """Latest successful duration of each stage (re-runs overwrite earlier ones)."""
+        return {r[0]: r[4] for r in self._records if r[2] == STAGE and r[5] == "ok"}
+
+    def to_dict(self, graph: nx.DiGraph | None = None) -> dict[str, Any]:
+        """Return ``{"version", "wall_origin", "events", "critical_path"?}`` as plain data."""
+        out: dict[str, Any] = {"version": 1, "wall_origin": self.wall_origin,
+                               "events": [e.to_dict() for e in self.events]}
+        if graph is not None:
+            out["critical_path"] = [
+                {"name": n, "duration": d} for n, d in critical_path(graph, self.durations())]
+        return out
+
+    def to_chrome(self) -> dict[str, Any]:
+        """Return Chrome trace-event JSON (``traceEvents`` of complete ``X`` events, in µs)."""
+        pid = os.getpid()
+        lanes: dict[str, int] = {}
+        events: list[dict[str, Any]] = []
+        for e in self.events:
+            tid = lanes.setdefault(e.phase, len(lanes) + 1)
+            events.append({"name": e.name if e.kind != TEARDOWN else f"teardown {e.name}",
+                           "cat": f"{e.phase},{e.kind}", "ph": "X", "pid": pid, "tid": tid,
+                           "ts": round(e.start * 1e6, 3), "dur": round(e.duration * 1e6, 3),
+                           "args": {"outcome": e.outcome, "generation": e.generation,
+                                    **({"error": e.error} if e.error else {})}})
+        meta = [{"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                 "args": {"name": phase}} for phase, tid in lanes.items()]
+        return {"traceEvents": meta + events, "displayTimeUnit": "ms"}
+
+    def write_json(self, path: str | os.PathLike[str], graph: nx.DiGraph | None = None) -> Path:
+        """Write :meth:`to_dict` to ``path`` atomically and return the path."""
+        return _write(path, self.to_dict(graph))
+
+    def write_chrome(self, path: str | os.PathLike[str]) -> Path:
+        """Write :meth:`to_chrome` to ``path`` atomically and return the path."""
+        return _write(path, self.to_chrome())
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Trace:
+        """Rebuild a trace from :meth:`to_dict` output (or a file's parsed JSON)."""
+        t = cls()
+        t.wall_origin = data.get("wall_origin", t.wall_origin)
+        for e in data["events"]:
+            t._records.append((e["name"], e["phase"], e["kind"], e["start"], e["duration"],
+                               e["outcome"], e.get("generation", 0), e.get("error")))
+        return t
+
+
+def _write(path: str | os.PathLike[str], data: Any) -> Path:
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(p)
+    return p
+
+
+def critical_path(graph: nx.DiGraph, durations: Mapping[str, float]) -> list[tuple[str, float]]:
+    """Return the longest path through ``graph`` weighted by stage duration.
+
+    Args:
+        graph: a pipeline graph (acyclic).
+        durations: seconds per stage; stages without a duration count as 0.
+
+    Returns:
+        ``[(stage, duration), ...]`` from the first stage of the chain to the last.
+    """
+    if graph.number_of_nodes() == 0:
+        return []
+    # Node weights become edge weights: every edge into v weighs v's duration, and a
+    # virtual source feeds every node so that the first stage's own time counts too.
+    g = nx.DiGraph()
+    src = object()
+    for n in graph.nodes:
+        g.add_edge(src, n, w=durations.get(n, 0.0))
+    for a, b in graph.edges:
+        g.add_edge(a, b, w=durations.get(b, 0.0))
+    path = nx.dag_longest_path(g, weight="w", default_weight=0.0,
+                               topo_order=[src, *nx.lexicographical_topological_sort(graph)])
+    return [(n, durations.get(n, 0.0)) for n in path if n is not src]
+
+
+def blame(durations: Mapping[str, float]) -> list[tuple[str, float]]:
+    """Return stages sorted by self time, longest first (like ``systemd-analyze blame``)."""
+    return sorted(durations.items(), key=lambda kv: (-kv[1], kv[0]))

@@ -1,0 +1,346 @@
+"""Every error initpipe raises, in one place.
+
+Each class also subclasses the builtin it means, so ``except ValueError`` and friends keep
+working. The facts in a message also ride on attributes that tests and tools can read.
+
+    InitpipeError
+    ├── StageDeclarationError (TypeError)      a bad ``@stage(...)`` or a non-stage object
+    ├── PipelineValidationError (ValueError)   aggregate: ``.problems`` lists every problem
+    ├── GraphProblem                           one problem found while validating a pipeline
+    │   ├── MissingInputError (LookupError)     nobody provides a key that a stage needs
+    │   ├── DuplicateProducerError (ValueError) two providers for one key
+    │   ├── DuplicateStageError (ValueError)    two stages with one name
+    │   ├── CycleError (ValueError)             the stages depend on each other in a loop
+    │   ├── PhaseViolationError (ValueError)    a model stage depends on the KV phase
+    │   ├── UnknownStageError (LookupError)     ``after=``/``before=`` names no stage
+    │   └── NotAStageError (TypeError)          an object passed as a stage is not one
+    ├── PhaseOrderError (RuntimeError)         runner methods called in the wrong order
+    ├── InputsError (TypeError)                missing or unknown external inputs
+    ├── OutputNotAvailableError (KeyError)     reading an output that does not exist (yet)
+    ├── UnknownStageNameError (KeyError)       an API call names a stage the pipeline lacks
+    ├── StageOutputError (TypeError)           a stage returned the wrong shape of outputs
+    ├── StageError (RuntimeError)              a stage raised; names it and what completed
+    └── TeardownError (RuntimeError)           one or more teardowns raised; lists them all
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "CycleError",
+    "DuplicateProducerError",
+    "DuplicateStageError",
+    "GraphProblem",
+    "InitpipeError",
+    "InputsError",
+    "MissingInputError",
+    "NotAStageError",
+    "OutputNotAvailableError",
+    "PhaseOrderError",
+    "PhaseViolationError",
+    "PipelineValidationError",
+    "StageDeclarationError",
+    "StageError",
+    "StageOutputError",
+    "TeardownError",
+    "UnknownStageError",
+    "UnknownStageNameError",
+]
+
+
+class InitpipeError(Exception):
+    """Base class of every initpipe error."""
+
+
+class StageDeclarationError(InitpipeError, TypeError):
+    """A ``@stage(...)`` declaration is malformed.
+
+    Attributes:
+        stage: ``module:qualname`` of the offending function (or repr of the object).
+        field: the declaration field at fault (``needs``, ``provides``, ``teardown``, ...).
+    """
+
+    def __init__(self, msg: str, *, stage: str, field: str) -> None:
+        super().__init__(msg)
+        self.stage = stage
+        self.field = field
+
+
+class GraphProblem(InitpipeError):
+    """One problem found while validating a pipeline's graph."""
+
+
+class MissingInputError(GraphProblem, LookupError):
+    """A key that stages need is neither an external input nor any stage's output.
+
+    Attributes:
+        key: the missing key.
+        consumers: every stage that needs it (``module:qualname``), sorted.
+        suggestions: close existing keys (may be empty).
+    """
+
+    def __init__(self, key: str, consumers: Sequence[str], suggestions: Sequence[str]) -> None:
+        self.key = key
+        self.consumers = tuple(consumers)
+        self.suggestions = tuple(suggestions)
+        hint = f" Did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
+        msg = (
+            f"missing input {key!r}: needed by {', '.join(self.consumers)} but no stage provides "
+            f"it and it is not a declared pipeline input.{hint} Add a stage that provides it or "
+            f"declare it as an input of the phase that supplies it."
+        )
+        super().__init__(msg)
+
+    def __str__(self) -> str:  # KeyError-like bases would quote the message otherwise
+        return str(self.args[0])
+
+
+class DuplicateProducerError(GraphProblem, ValueError):
+    """Two stages (or a stage and a pipeline input) provide the same key.
+
+    Attributes:
+        key: the key provided twice.
+        producers: the two providers (stage names, or ``input:<phase>`` for an input).
+    """
+
+    def __init__(self, key: str, producers: Sequence[str]) -> None:
+        self.key = key
+        self.producers = tuple(producers)
+        msg = (
+            f"duplicate producer for {key!r}: provided by both {self.producers[0]} and "
+            f"{self.producers[1]}. Rename one output, or replace the stage with "
+            f"Pipeline.replace() instead of adding a second one."
+        )
+        super().__init__(msg)
+
+
+class DuplicateStageError(GraphProblem, ValueError):
+    """Two different functions declare stages with the same name.
+
+    Attributes:
+        name: the stage name used twice.
+        stages: both functions as ``module:qualname``.
+    """
+
+    def __init__(self, name: str, stages: Sequence[str]) -> None:
+        self.name = name
+        self.stages = tuple(stages)
+        msg = (
+            f"duplicate stage name {name!r}: declared by {self.stages[0]} and {self.stages[1]}. "
+            f"Stage names must be unique; rename one (@stage(name=...))."
+        )
+        super().__init__(msg)
+
+
+class CycleError(GraphProblem, ValueError):
+    """The stages depend on each other in a loop.
+
+    Attributes:
+        cycle: stage names in order, the first repeated at the end (``a -> b -> a``).
+        keys: for each edge of the cycle, the data key(s) or ``after/before`` that made it.
+    """
+
+    def __init__(self, cycle: Sequence[str], keys: Sequence[str]) -> None:
+        self.cycle = tuple(cycle)
+        self.keys = tuple(keys)
+        hops = ", ".join(
+            f"{a} -> {b} via {k!r}"
+            for a, b, k in zip(self.cycle[:-1], self.cycle[1:], self.keys, strict=True)
+        )
+        msg = (
+            f"cycle: {' -> '.join(self.cycle)} (edges: {hops}). "
+            f"Break it by removing one of these dependencies."
+        )
+        super().__init__(msg)
+
+
+class PhaseViolationError(GraphProblem, ValueError):
+    """A "needs model" stage depends, directly or transitively, on the KV phase.
+
+    Attributes:
+        stage: the model-phase stage.
+        path: the dependency path from the KV-phase source to ``stage``.
+    """
+
+    def __init__(self, stage: str, path: Sequence[str]) -> None:
+        self.stage = stage
+        self.path = tuple(path)
+        msg = (
+            f"phase violation: model-phase stage {stage!r} depends on the KV phase through "
+            f"{' -> '.join(self.path)}. Model stages run before any kv_cache_config exists: "
+            f"declare {stage!r} with needs='kv_cache_config', or remove the dependency."
+        )
+        super().__init__(msg)
+
+
+class UnknownStageError(GraphProblem, LookupError):
+    """``after=`` or ``before=`` names a stage that is not in the pipeline.
+
+    Attributes:
+        stage: the stage whose ordering edge is dangling.
+        reference: the unknown name.
+        suggestions: close stage names.
+    """
+
+    def __init__(self, stage: str, field: str, reference: str, suggestions: Sequence[str]) -> None:
+        self.stage = stage
+        self.field = field
+        self.reference = reference
+        self.suggestions = tuple(suggestions)
+        hint = f" Did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
+        msg = f"stage {stage} has {field}={reference!r}, but no stage has that name.{hint}"
+        super().__init__(msg)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class NotAStageError(GraphProblem, TypeError):
+    """An object given to a Pipeline is not a ``@stage``-decorated function.
+
+    Attributes:
+        obj: repr of the object.
+    """
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = repr(obj)
+        msg = (
+            f"{self.obj} is not a stage: decorate the function with "
+            f"@stage(needs='model') or @stage(needs='kv_cache_config')."
+        )
+        super().__init__(msg)
+
+
+class PipelineValidationError(InitpipeError, ValueError):
+    """A pipeline has one or more problems; ``.problems`` holds one error per problem."""
+
+    def __init__(self, problems: Sequence[GraphProblem]) -> None:
+        self.problems = tuple(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        n = len(self.problems)
+        super().__init__(f"invalid pipeline: {n} problem{'s' if n != 1 else ''}:\n{lines}")
+
+
+class PhaseOrderError(InitpipeError, RuntimeError):
+    """A runner method was called in the wrong order (e.g. KV phase before load)."""
+
+
+class InputsError(InitpipeError, TypeError):
+    """External inputs given to a phase are missing or unknown.
+
+    Attributes:
+        phase: the phase that was called (``start``, ``model`` or ``kv_cache_config``).
+        missing: required inputs that were not given.
+        unknown: given names the phase does not declare.
+    """
+
+    def __init__(self, phase: str, call: str, missing: Sequence[str], unknown: Sequence[str],
+                 expected: Sequence[str]) -> None:
+        self.phase = phase
+        self.missing = tuple(missing)
+        self.unknown = tuple(unknown)
+        parts = []
+        if self.missing:
+            parts.append(f"missing {', '.join(map(repr, self.missing))}")
+        if self.unknown:
+            parts.append(f"unknown {', '.join(map(repr, self.unknown))}")
+        msg = (
+            f"{call}: {'; '.join(parts)}. This phase takes: "
+            f"{', '.join(map(repr, expected)) or 'no inputs'}."
+        )
+        super().__init__(msg)
+
+
+class OutputNotAvailableError(InitpipeError, KeyError):
+    """An output was read that does not exist, or does not exist yet.
+
+    Attributes:
+        key: the key that was read.
+    """
+
+    def __init__(self, key: str, msg: str) -> None:
+        super().__init__(msg)
+        self.key = key
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class UnknownStageNameError(InitpipeError, KeyError):
+    """An API call (``replace``, ``stage``, ``--focus``) names a stage the pipeline lacks.
+
+    Attributes:
+        name: the unknown stage name.
+    """
+
+    def __init__(self, msg: str, name: str) -> None:
+        super().__init__(msg)
+        self.name = name
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class StageOutputError(InitpipeError, TypeError):
+    """A stage with several outputs returned something other than a mapping of exactly them.
+
+    Attributes:
+        stage: ``module:qualname`` of the stage.
+        missing / unexpected: keys not returned / returned but not declared.
+    """
+
+    def __init__(self, stage: str, msg: str, missing: Sequence[str] = (),
+                 unexpected: Sequence[str] = ()) -> None:
+        super().__init__(msg)
+        self.stage = stage
+        self.missing = tuple(missing)
+        self.unexpected = tuple(unexpected)
+
+
+class TeardownError(InitpipeError, RuntimeError):
+    """One or more teardowns raised; every teardown still ran.
+
+    Attributes:
+        failures: ``(stage name, exception)`` pairs, in the order the teardowns ran.
+    """
+
+    def __init__(self, failures: Sequence[tuple[str, BaseException]]) -> None:
+        self.failures = tuple(failures)
+        lines = "; ".join(f"{s}: {type(e).__name__}: {e}" for s, e in self.failures)
+        super().__init__(f"{len(self.failures)} teardown(s) failed (all teardowns ran): {lines}")
+
+
+class StageError(InitpipeError, RuntimeError):
+    """A stage raised. The original exception is chained as ``__cause__``.
+
+    Attributes:
+        stage: the stage's name.
+        qualname: ``module:qualname`` of its function.
+        phase: ``model`` or ``kv_cache_config``.
+        completed: stages that had completed in this phase before it failed, in order.
+        rolled_back: stages whose teardown ran during rollback, in order.
+        teardown_error: a TeardownError if rollback itself failed, else None.
+    """
+
+    def __init__(self, stage: str, qualname: str, phase: str, completed: Sequence[str],
+                 rolled_back: Sequence[str], cause: BaseException,
+                 teardown_error: TeardownError | None = None) -> None:
+        self.stage = stage
+        self.qualname = qualname
+        self.phase = phase
+        self.completed = tuple(completed)
+        self.rolled_back = tuple(rolled_back)
+        self.teardown_error = teardown_error
+        done = ", ".join(self.completed) or "none"
+        undone = ", ".join(self.rolled_back) or "nothing to undo"
+        msg = (
+            f"stage {stage!r} ({qualname}) failed in phase {phase!r}: "
+            f"{type(cause).__name__}: {cause}\n"
+            f"  completed in this phase: {done}\n"
+            f"  rolled back: {undone}"
+        )
+        if teardown_error is not None:
+            msg += f"\n  rollback errors: {teardown_error}"
+        super().__init__(msg)
