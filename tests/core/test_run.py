@@ -1,0 +1,325 @@
+"""The two-phase runner: order, re-runs, rollback on failure, misuse, outputs."""
+import threading
+import time
+
+import pytest
+
+from initpipe import (
+    InputsError,
+    OutputNotAvailableError,
+    PhaseOrderError,
+    REQUIRED,
+    Pipeline,
+    StageError,
+    TeardownError,
+    stage,
+)
+from initpipe.errors import StageOutputError
+
+
+class Recorder:
+    """A KV pipeline whose stages and teardowns log what they did."""
+
+    def __init__(self):
+        self.log = []
+        self.fail_at = None
+        log = self.log
+
+        @stage(needs="model")
+        def spec(model, config):
+            log.append(("run", "spec"))
+            return {"heads": model * config}
+
+        def undo_groups(out):
+            log.append(("teardown", "groups", out))
+
+        @stage(needs="kv_cache_config", teardown=undo_groups)
+        def groups(spec, kv_cache_config):
+            log.append(("run", "groups"))
+            return ("groups", kv_cache_config)
+
+        def free(out, kv_cache_config):
+            log.append(("teardown", "tensors", out, kv_cache_config))
+
+        @stage(needs="kv_cache_config", teardown=free)
+        def tensors(groups, kv_cache_config):
+            log.append(("run", "tensors"))
+            if self.fail_at == "tensors":
+                raise RuntimeError("out of memory")
+            return ("tensors", kv_cache_config)
+
+        def unbind(out):
+            log.append(("teardown", "bind", out))
+
+        @stage(needs="kv_cache_config", teardown=unbind)
+        def bind(tensors, is_profiling):
+            log.append(("run", "bind"))
+            if self.fail_at == "bind":
+                raise ValueError("bad layer")
+            return ("bind", tensors[1], is_profiling)
+
+        self.pipeline = Pipeline([bind, tensors, groups, spec], start_inputs=("config",),
+                                 kv_inputs={"kv_cache_config": REQUIRED, "is_profiling": False})
+
+    def runs(self, name):
+        return [e for e in self.log if e[:2] == ("run", name)]
+
+
+def test_phases_run_in_order_and_outputs_are_a_mapping():
+    r = Recorder()
+    run = r.pipeline.start(config=3)
+    run.load(model=2)
+    assert dict(run.outputs) == {"spec": {"heads": 6}}
+    run.initialize_kv_cache(100)
+    assert [e[1] for e in r.log] == ["spec", "groups", "tensors", "bind"]
+    assert run.outputs["bind"] == ("bind", 100, False)
+    assert set(run.outputs) == {"spec", "groups", "tensors", "bind"}
+    assert run.kv_ready and run.completed("kv_cache_config") == ["groups", "tensors", "bind"]
+
+
+def test_three_kv_reruns_tear_down_in_reverse_once_and_reuse_model_outputs():
+    r = Recorder()
+    run = r.pipeline.start(config=1)
+    run.load(model=1)
+    for size in (10, 20, 30):
+        run.initialize_kv_cache(size, is_profiling=size == 10)
+    teardowns = [e for e in r.log if e[0] == "teardown"]
+    assert teardowns == [
+        ("teardown", "bind", ("bind", 10, True)),
+        ("teardown", "tensors", ("tensors", 10), 10),
+        ("teardown", "groups", ("groups", 10)),
+        ("teardown", "bind", ("bind", 20, False)),
+        ("teardown", "tensors", ("tensors", 20), 20),
+        ("teardown", "groups", ("groups", 20)),
+    ]
+    assert len(r.runs("spec")) == 1
+    assert len(r.runs("bind")) == 3
+    assert run.outputs["tensors"] == ("tensors", 30)
+    assert run.kv_generation == 3
+
+
+def test_failing_kv_stage_rolls_back_and_retry_succeeds():
+    r = Recorder()
+    run = r.pipeline.start(config=1)
+    run.load(model=1)
+    r.fail_at = "bind"
+    with pytest.raises(StageError, match=r"stage 'bind' .* failed in phase 'kv_cache_config'") as e:
+        run.initialize_kv_cache(7)
+    err = e.value
+    assert err.stage == "bind" and err.phase == "kv_cache_config"
+    assert err.qualname.endswith("Recorder.__init__.<locals>.bind")
+    assert err.completed == ("groups", "tensors")
+    assert err.rolled_back == ("tensors", "groups")
+    assert isinstance(err.__cause__, ValueError)
+    assert "completed in this phase: groups, tensors" in str(err)
+    # nothing of the failed phase is visible; model outputs stay
+    assert set(run.outputs) == {"spec"}
+    with pytest.raises(OutputNotAvailableError, match="initialize_kv_cache"):
+        run.outputs["tensors"]
+    assert [e for e in r.log if e[0] == "teardown"] == [
+        ("teardown", "tensors", ("tensors", 7), 7), ("teardown", "groups", ("groups", 7))]
+    assert not run.kv_ready
+    r.fail_at = None
+    run.initialize_kv_cache(8)
+    assert run.outputs["bind"] == ("bind", 8, False)
+    # the failed attempt is not torn down twice
+    assert len([e for e in r.log if e[0] == "teardown"]) == 2
+
+
+def test_failing_model_stage_can_be_retried():
+    calls = {"n": 0}
+
+    @stage(needs="model")
+    def flaky(model):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError("weights not ready")
+        return model
+
+    p = Pipeline([flaky])
+    run = p.start()
+    with pytest.raises(StageError) as e:
+        run.load(model=1)
+    assert e.value.phase == "model" and e.value.completed == ()
+    assert run.state == "started"
+    run.load(model=1)
+    assert run.outputs["flaky"] == 1
+
+
+def test_kv_before_load_and_double_load_say_what_to_call():
+    r = Recorder()
+    run = r.pipeline.start(config=1)
+    with pytest.raises(PhaseOrderError, match=r"load\(\) must be called before initialize_kv_cache"):
+        run.initialize_kv_cache(1)
+    run.load(model=1)
+    with pytest.raises(PhaseOrderError, match=r"load\(\) was already called"):
+        run.load(model=1)
+    run.close()
+    with pytest.raises(PhaseOrderError, match=r"closed run; call pipeline.start\(\)"):
+        run.load(model=1)
+
+
+def test_missing_and_unknown_inputs_are_named():
+    r = Recorder()
+    with pytest.raises(InputsError, match=r"start\(\): missing 'config'") as e:
+        r.pipeline.start()
+    assert e.value.missing == ("config",)
+    run = r.pipeline.start(config=1)
+    with pytest.raises(InputsError, match=r"unknown 'modle'.*takes: 'model'") as e:
+        run.load(modle=1)
+    assert e.value.unknown == ("modle",) and e.value.missing == ("model",)
+    run.load(model=1)
+    with pytest.raises(InputsError, match=r"missing 'kv_cache_config'"):
+        run.initialize_kv_cache(is_profiling=True)
+    with pytest.raises(InputsError, match=r"unknown 'extra'"):
+        run.initialize_kv_cache(1, extra=2)
+
+
+def test_output_errors_subclass_keyerror_and_say_what_to_call():
+    r = Recorder()
+    run = r.pipeline.start(config=1)
+    with pytest.raises(KeyError):
+        run.outputs["spec"]
+    with pytest.raises(OutputNotAvailableError, match=r"Call run.load\(...\) first"):
+        run.outputs["spec"]
+    with pytest.raises(OutputNotAvailableError, match="Did you mean 'tensors'"):
+        run.outputs["tensor"]
+    with pytest.raises(OutputNotAvailableError, match="is an input of the 'start' phase"):
+        run.outputs["config"]
+    assert run.outputs.get("spec") is None and "spec" not in run.outputs
+
+
+def test_all_teardowns_run_and_one_error_reports_every_failure():
+    seen = []
+
+    def bad(out):
+        seen.append(out)
+        raise RuntimeError(f"cannot free {out}")
+
+    @stage(needs="kv_cache_config", teardown=bad)
+    def first(kv_cache_config):
+        return "first"
+
+    @stage(needs="kv_cache_config", teardown=bad)
+    def second(first):
+        return "second"
+
+    run = Pipeline([first, second]).start()
+    run.load(model=None)
+    run.initialize_kv_cache(1)
+    with pytest.raises(TeardownError, match="2 teardown") as e:
+        run.close()
+    assert seen == ["second", "first"]
+    assert [s for s, _ in e.value.failures] == ["second", "first"]
+    assert run.state == "closed"
+    run.close()  # idempotent
+
+
+def test_close_tears_down_kv_then_model():
+    order = []
+
+    @stage(needs="model", teardown=lambda out: order.append("model"))
+    def m(model):
+        return 1
+
+    @stage(needs="kv_cache_config", teardown=lambda out: order.append("kv"))
+    def k(m, kv_cache_config):
+        return 2
+
+    run = Pipeline([k, m]).start()
+    run.load(model=0)
+    run.initialize_kv_cache(0)
+    run.teardown_kv_cache()
+    assert order == ["kv"] and set(run.outputs) == {"m"}
+    run.initialize_kv_cache(0)
+    with run:
+        pass
+    assert order == ["kv", "kv", "model"]
+
+
+def test_multi_output_stage_must_return_exactly_its_keys():
+    @stage(needs="model", provides=("a", "b"))
+    def split(model):
+        return {"a": 1}
+
+    run = Pipeline([split]).start()
+    with pytest.raises(StageError) as e:
+        run.load(model=0)
+    cause = e.value.__cause__
+    assert isinstance(cause, StageOutputError)
+    assert cause.missing == ("b",)
+    assert "must return exactly ['a', 'b']" in str(cause)
+
+
+def test_concurrent_kv_initializations_are_serialized():
+    alive = []
+    max_alive = []
+
+    def free(out):
+        alive.remove(out)
+
+    @stage(needs="kv_cache_config", teardown=free)
+    def alloc(kv_cache_config):
+        alive.append(kv_cache_config)
+        max_alive.append(len(alive))
+        time.sleep(0.05)
+        return kv_cache_config
+
+    run = Pipeline([alloc]).start()
+    run.load(model=0)
+    threads = [threading.Thread(target=run.initialize_kv_cache, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert max(max_alive) == 1
+    assert len(alive) == 1 and run.kv_generation == 4
+
+
+def test_listeners_see_every_stage_and_teardown():
+    r = Recorder()
+    events = []
+    run = r.pipeline.start(config=1, listeners=[events.append])
+    run.load(model=1)
+    run.initialize_kv_cache(1)
+    run.initialize_kv_cache(2)
+    kinds = [(e.kind, e.name) for e in events]
+    assert kinds[:4] == [("stage", "spec"), ("stage", "groups"), ("stage", "tensors"),
+                         ("stage", "bind")]
+    assert kinds[4:7] == [("teardown", "bind"), ("teardown", "tensors"), ("teardown", "groups")]
+    assert all(e.outcome == "ok" and e.duration >= 0 for e in events)
+
+
+def test_replace_and_add_revalidate():
+    r = Recorder()
+
+    @stage(needs="kv_cache_config", provides="tensors")
+    def zero_tensors(groups, kv_cache_config):
+        return ("zeroed", kv_cache_config)
+
+    p2 = r.pipeline.replace("tensors", zero_tensors)
+    assert p2.order == r.pipeline.order
+    run = p2.start(config=1)
+    run.load(model=1)
+    run.initialize_kv_cache(5)
+    assert run.outputs["bind"] == ("bind", 5, False)
+    assert run.outputs["tensors"] == ("zeroed", 5)
+
+    @stage(needs="kv_cache_config")
+    def connector(bind):
+        return "registered"
+
+    p3 = r.pipeline.add(connector, after="bind")
+    assert p3.order[-1] == "connector"
+
+    @stage(needs="kv_cache_config", provides="other")
+    def wrong(groups):
+        return 1
+
+    from initpipe import StageDeclarationError
+    from initpipe.errors import UnknownStageNameError
+
+    with pytest.raises(StageDeclarationError, match="must provide \\['tensors'\\]"):
+        r.pipeline.replace("tensors", wrong)
+    with pytest.raises(UnknownStageNameError, match="Did you mean 'tensors'"):
+        r.pipeline.replace("tensor", zero_tensors)
