@@ -24,7 +24,7 @@ sysdeps:
 	fi
 
 run: $(STAMP)
-	VLLM_TARGET_DEVICE=cpu $(BIN)/initpipe run
+	$(BIN)/python examples/tour.py
 
 test: $(STAMP) sysdeps
 	VLLM_TARGET_DEVICE=cpu $(BIN)/python -m pytest -q
