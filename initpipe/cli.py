@@ -1,0 +1,113 @@
+"""The ``initpipe`` command line: a dispatcher of subcommands.
+
+Adding a subcommand is one function ``add_NAME(subparsers)`` appended to :data:`COMMANDS`:
+it declares the arguments and sets ``handler`` to a function ``(args) -> int`` that imports
+what it needs when it runs, so no subcommand pays for another's imports (and none imports
+torch or vLLM unless it must). Handlers raise :class:`UsageError` for bad input: ``main``
+prints ``Error: ...`` on stderr and returns 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+__all__ = ["COMMANDS", "UsageError", "build_parser", "main"]
+
+
+class UsageError(Exception):
+    """Bad command-line input: unknown target, bad flag value, missing tool (exit 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors read ``Error: ...`` (exit 2), like the handlers'."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"Error: {message}\n")
+
+
+# -- subcommands --------------------------------------------------------------------------
+
+GRAPH_FORMATS = ("text", "mermaid", "dot", "json", "svg", "png", "html")
+
+
+def add_graph(sub: Any) -> None:
+    """``initpipe graph [TARGET]``: draw, check, time or diff a pipeline's DAG."""
+    p = sub.add_parser(
+        "graph", help="draw, check, time or diff a pipeline's stage DAG",
+        description="Render a pipeline's DAG. TARGET is a module (every @stage at its top "
+                    "level) or module:attribute (a Pipeline, a list of stages, or a function "
+                    "returning one); default: the vLLM catalog, initpipe_vllm.")
+    p.add_argument("target", nargs="?", default=None, metavar="TARGET",
+                   help="module or module:attribute (default: initpipe_vllm)")
+    p.add_argument("-f", "--format", choices=GRAPH_FORMATS, default=None,
+                   help="output format (default: from the -o suffix, else text)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically)")
+    p.add_argument("--phase", choices=("model", "kv_cache_config"),
+                   help="show only the stages of one phase")
+    p.add_argument("--focus", metavar="STAGE",
+                   help="show only STAGE, its ancestors and its descendants")
+    p.add_argument("--check", action="store_true",
+                   help="validate only: exit 0 if valid, 1 listing every problem")
+    p.add_argument("--trace", metavar="FILE",
+                   help="a trace JSON (Trace.write_json): durations and critical path")
+    p.add_argument("--blame", action="store_true",
+                   help="with --trace: stages by self time, then the critical chain")
+    p.add_argument("--diff", metavar="OTHER",
+                   help="compare with OTHER (a target or a saved --format json export, the "
+                        "baseline): exit 1 if they differ")
+    p.set_defaults(handler=_graph)
+
+
+def _graph(args: argparse.Namespace) -> int:
+    from ._graphcmd import run_graph
+
+    return run_graph(args)
+
+
+#: One function per subcommand; each adds its parser to the subparsers action.
+COMMANDS: list[Callable[[Any], None]] = [add_graph]
+
+
+# -- dispatch -----------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the ``initpipe`` parser with every subcommand of :data:`COMMANDS`."""
+    parser = _Parser(prog="initpipe", description="LLM inference worker initialization as "
+                                                  "a DAG of declared stages.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``initpipe`` command and return its exit status.
+
+    Args:
+        argv: the arguments after the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+        0 on success, 1 when the answer is "no" (invalid pipeline, graphs differ),
+        2 on a usage error (printed as ``Error: ...`` on stderr).
+    """
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # --help and argparse errors: return, don't exit
+        return exit_.code if isinstance(exit_.code, int) else 2
+    try:
+        return int(args.handler(args))
+    except UsageError as err:
+        print(f"Error: {err}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `initpipe graph | head`: the reader left, not an error
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,3 @@
+"""A module with no stages."""
+
+VALUE = 1
