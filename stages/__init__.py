@@ -1,0 +1,102 @@
+"""The vLLM 0.32.0 stage catalog (import name ``initpipe_vllm``).
+
+``GPUModelRunner``'s initialization (``vllm/v1/worker/gpu_model_runner.py``:
+``get_kv_cache_spec`` and ``initialize_kv_cache`` with everything they call) rebuilt as
+initpipe stages that call vLLM's own building blocks:
+
+- :mod:`.model_phase` — facts about the loaded model's attention layers (needs ``model``);
+- :mod:`.kv_phase` — the runner's working config, attention groups, cudagraph mode,
+  kernel block sizes, metadata builders and input batch (needs ``kv_cache_config``);
+- :mod:`.kv_tensors` — allocation, KV-sharing aliases, binding, connector registration;
+- :mod:`.runner` — the pipelined runner and the one adapter that writes results onto it;
+- :mod:`.worker` — worker classes usable as ``worker_cls="initpipe_vllm.worker...."``;
+- :mod:`.snapshot` / :mod:`.equivalence` — the runner state as plain data, and the
+  stock-vs-pipelined comparison (``python -m initpipe_vllm.equivalence --model DIR``).
+
+Importing this package imports neither torch nor vllm, so the graph can be drawn at once:
+``Pipeline.from_module("initpipe_vllm")`` or :func:`catalog`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from initpipe import REQUIRED, Pipeline
+
+from .kv_phase import (
+    attention_groups,
+    cudagraph_mode,
+    drafter_attn_groups,
+    encoder_only_kv_cache_group,
+    kernel_block_sizes,
+    mamba_ssu_backend,
+    metadata_builders,
+    reinitialize_input_batch,
+    reorder_batch_threshold,
+    runner_kv_cache_config,
+)
+from .kv_tensors import (
+    allocated_kv_caches,
+    extract_hidden_states_check,
+    kv_caches,
+    kv_connector_registration,
+    runner_kv_caches,
+)
+from .model_phase import (
+    attention_cp_compatible,
+    attention_layers,
+    attn_backends,
+    encoder_only_layers,
+    kv_cache_spec,
+    kv_sharing_fast_prefill_eligible_layers,
+    runner_only_attn_layers,
+    shared_kv_cache_layers,
+)
+
+#: The catalog's external inputs per phase (read by ``Pipeline.from_module``).
+#: Start: fixed when the runner is constructed. Model: the loaded model. KV: the engine's
+#: config plus every value vLLM may change between the phases (layout, max_model_len) and
+#: the runner's current input batch, read when ``initialize_kv_cache`` is called.
+INITPIPE_INPUTS: dict[str, Any] = {
+    "start": ("vllm_config", "device", "runner_settings", "cudagraph_dispatcher", "drafter",
+              "jit_warmup_registry"),
+    "model": ("model",),
+    "kv_cache_config": {
+        "kv_cache_config": REQUIRED,
+        "is_profiling": False,
+        "kv_cache_allocation_context": None,
+        "kv_cache_layout": None,
+        "max_model_len": REQUIRED,
+        "current_input_batch": REQUIRED,
+        "current_input_batch_geometry": REQUIRED,
+    },
+}
+
+STAGES = (
+    attention_layers, shared_kv_cache_layers, kv_cache_spec, encoder_only_layers,
+    kv_sharing_fast_prefill_eligible_layers, runner_only_attn_layers, attn_backends,
+    attention_cp_compatible,
+    encoder_only_kv_cache_group, runner_kv_cache_config, attention_groups, cudagraph_mode,
+    mamba_ssu_backend, kernel_block_sizes, metadata_builders, reorder_batch_threshold,
+    drafter_attn_groups, reinitialize_input_batch,
+    allocated_kv_caches, kv_caches, runner_kv_caches, extract_hidden_states_check,
+    kv_connector_registration,
+)
+
+_CATALOG: Pipeline | None = None
+
+
+def catalog() -> Pipeline:
+    """The vLLM 0.32.0 runner-initialization pipeline (built once, then shared).
+
+    Pipelines are immutable; derive variants with ``catalog().replace(...)`` / ``.add(...)``.
+    """
+    global _CATALOG
+    if _CATALOG is None:
+        _CATALOG = Pipeline(STAGES, start_inputs=INITPIPE_INPUTS["start"],
+                            model_inputs=INITPIPE_INPUTS["model"],
+                            kv_inputs=INITPIPE_INPUTS["kv_cache_config"], name="initpipe_vllm")
+    return _CATALOG
+
+
+__all__ = ["INITPIPE_INPUTS", "STAGES", "catalog", *(s.__name__ for s in STAGES)]

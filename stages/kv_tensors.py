@@ -1,0 +1,145 @@
+"""KV-phase stages that allocate, alias, bind and register the KV cache tensors.
+
+What belongs here: the tensor half of the KV phase — everything after the builders exist.
+Replaces ``GPUModelRunner.initialize_kv_cache_tensors`` (K8a allocate, K8b alias, K8c bind)
+and the tail of ``GPUModelRunner.initialize_kv_cache`` (K9 extract-hidden-states check,
+K10 KV connector registration) in ``vllm/v1/worker/gpu_model_runner.py``. The math is
+vLLM's ``allocate_kv_cache``, ``map_kv_caches_to_kernel_blocks`` and ``bind_kv_cache``
+(``vllm/v1/worker/utils.py``).
+
+The device always comes from the ``device`` input and the layout from the
+``kv_cache_layout`` KV input (the engine resolves it between the phases). torch and vllm
+are imported inside the stage bodies only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from initpipe import stage
+
+from .errors import KVCacheConfigError
+from .kv_phase import _jit
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.worker.utils import AttentionGroup
+
+__all__ = ["allocated_kv_caches", "kv_caches", "runner_kv_caches",
+           "extract_hidden_states_check", "kv_connector_registration"]
+
+KV = "kv_cache_config"
+
+
+def resolve_layout(kv_cache_layout: Any, vllm_config: VllmConfig) -> Any:
+    """A ``KVCacheLayout`` from the KV input (enum or name), else the config's resolved one."""
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+
+    if kv_cache_layout is None:
+        return vllm_config.cache_config.get_resolved_kv_cache_layout()
+    if isinstance(kv_cache_layout, KVCacheLayout):
+        return kv_cache_layout
+    try:
+        return KVCacheLayout[str(kv_cache_layout)]
+    except KeyError:
+        msg = (f"kv_cache_layout={kv_cache_layout!r} is not a KVCacheLayout; valid: "
+               f"{[m.name for m in KVCacheLayout]}.")
+        raise KVCacheConfigError(msg, field="kv_cache_layout") from None
+
+
+@stage(needs=KV)
+def allocated_kv_caches(vllm_config: VllmConfig, device: Any,
+                        runner_kv_cache_config: KVCacheConfig, kernel_block_sizes: list[int],
+                        kv_cache_layout: Any, kv_cache_allocation_context: Any,
+                        jit_warmup_registry: Any) -> dict[str, Any]:
+    """One zeroed int8 buffer on ``device``, viewed per layer in the resolved layout.
+
+    vLLM's ``allocate_kv_cache``, inside ``kv_cache_allocation_context`` when given (the
+    connector's or CuMem's memory pool). The views address manager blocks.
+    """
+    from vllm.v1.worker.utils import allocate_kv_cache
+
+    layout = resolve_layout(kv_cache_layout, vllm_config)
+    alloc_ctx = kv_cache_allocation_context or contextlib.nullcontext()
+    with _jit(jit_warmup_registry), alloc_ctx:
+        return allocate_kv_cache(runner_kv_cache_config, device, layout, kernel_block_sizes)
+
+
+@stage(needs=KV)
+def kv_caches(allocated_kv_caches: Mapping[str, Any],
+              shared_kv_cache_layers: Mapping[str, str]) -> dict[str, Any]:
+    """The per-layer KV views with each KV-sharing layer aliased to its target's view."""
+    out = dict(allocated_kv_caches)
+    for name, target in shared_kv_cache_layers.items():
+        if target not in out:
+            raise KVCacheConfigError(f"layer {name!r} shares the KV cache of {target!r}, which "
+                                     f"got no KV cache tensor.", field="kv_cache_tensors",
+                                     layer=target)
+        out[name] = out[target]
+    return out
+
+
+def _unbind_layers(runner_kv_caches: list[Any], vllm_config: VllmConfig) -> None:
+    """Reset every layer's ``kv_cache`` as ``_cleanup_profiling_kv_cache`` does."""
+    from vllm.v1.worker.utils import clear_layer_kv_caches
+
+    clear_layer_kv_caches(vllm_config.compilation_config.static_forward_context.values())
+    runner_kv_caches.clear()
+
+
+@stage(needs=KV, teardown=_unbind_layers,
+       effects=("layer.kv_cache", "attn_group.kernel_block_stride"))
+def runner_kv_caches(vllm_config: VllmConfig, kv_caches: Mapping[str, Any],
+                     runner_kv_cache_config: KVCacheConfig,
+                     attn_groups: list[list[AttentionGroup]], drafter_attn_groups: list[Any],
+                     jit_warmup_registry: Any) -> list[Any]:
+    """Bind the views to the layers; return the runner's list in layer-index order.
+
+    vLLM's ``bind_kv_cache``: layers get kernel-block views
+    (``map_kv_caches_to_kernel_blocks``), the runner list keeps the manager-block views.
+    """
+    from vllm.v1.worker.utils import bind_kv_cache, map_kv_caches_to_kernel_blocks
+
+    hf_config = vllm_config.model_config.hf_config
+    num_attn_module = 2 if getattr(hf_config, "model_type", None) == "longcat_flash" else 1
+    groups = [g for gs in attn_groups for g in gs] + list(drafter_attn_groups)
+    runner_list: list[Any] = []
+    with _jit(jit_warmup_registry):
+        bind_kv_cache(dict(kv_caches), vllm_config.compilation_config.static_forward_context,
+                      runner_list, num_attn_module,
+                      kv_cache_groups=runner_kv_cache_config.kv_cache_groups,
+                      layer_kv_caches=map_kv_caches_to_kernel_blocks(dict(kv_caches), groups))
+    return runner_list
+
+
+@stage(needs=KV)
+def extract_hidden_states_check(vllm_config: VllmConfig, drafter: Any,
+                                runner_kv_cache_config: KVCacheConfig) -> bool:
+    """With an extract-hidden-states drafter, check its layers share one KV cache group."""
+    spec = vllm_config.speculative_config
+    if spec and spec.uses_extract_hidden_states():
+        drafter.validate_same_kv_cache_group(runner_kv_cache_config)
+        return True
+    return False
+
+
+@stage(needs=KV, effects=("kv_transfer_group registered caches",))
+def kv_connector_registration(kv_caches: Mapping[str, Any], is_profiling: bool,
+                              runner_kv_caches: list[Any]) -> bool:
+    """Register the KV caches with the KV connector, if any (skipped while profiling).
+
+    No teardown: vLLM's connectors have no unregister call; a later KV phase registers
+    the new caches again. ``runner_kv_caches`` orders this after binding.
+    """
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+    from vllm.distributed.kv_transfer.kv_connector.utils import copy_kv_blocks
+
+    if is_profiling or not has_kv_transfer_group():
+        return False
+    group = get_kv_transfer_group()
+    group.register_kv_caches(dict(kv_caches))
+    group.set_host_xfer_buffer_ops(copy_kv_blocks)
+    return True

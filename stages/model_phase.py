@@ -1,0 +1,213 @@
+"""Model-phase stages: facts about the loaded model's attention layers.
+
+What belongs here: every step of vLLM 0.32.0's runner initialization that depends only on
+the loaded model (``compilation_config.static_forward_context`` is filled) and on the final
+``cache_config.block_size`` — never on a ``KVCacheConfig``. Each stage is a plain function
+of named inputs; it returns its result instead of writing it onto the runner.
+
+Replaces, in ``vllm/v1/worker/gpu_model_runner.py`` (``GPUModelRunner``):
+
+- ``get_kv_cache_spec`` — split into :func:`attention_layers`, :func:`shared_kv_cache_layers`
+  (its hidden side effect, now an explicit output) and :func:`kv_cache_spec`;
+- the model-only halves of ``may_add_encoder_only_layers_to_kv_cache_config``
+  (:func:`encoder_only_layers`) and of ``maybe_add_kv_sharing_layers_to_kv_cache_groups``
+  (:func:`kv_sharing_fast_prefill_eligible_layers`, :func:`runner_only_attn_layers`);
+- the backend lookup and FastPrefill wrapping inside ``initialize_attn_backend``
+  (:func:`attn_backends`, created once and reused by every KV phase);
+- ``check_attention_cp_compatibility`` (``vllm/v1/worker/cp_utils.py``), called from
+  ``initialize_attn_backend`` (:func:`attention_cp_compatible`).
+
+When the phase runs (the block-size trap): vLLM fixes ``cache_config.block_size`` only
+*after* ``load_model`` returns — the executor calls
+``current_platform.update_block_size_for_backend`` — and ``layer.get_kv_cache_spec`` reads
+it. So the pipelined runner runs this phase when the engine first calls
+``get_kv_cache_spec()`` (memoized), not inside ``load_model``. The encoder-only spec also
+reads the block size, at KV time, so it is built in the KV phase
+(``kv_phase.encoder_only_kv_cache_group``).
+
+No torch or vllm import happens at module import time: they are imported inside the
+stage bodies so the graph can be drawn without them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from initpipe import stage
+
+from .errors import ModelPhaseError
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+    from vllm.v1.attention.backend import AttentionBackend
+    from vllm.v1.kv_cache_interface import KVCacheSpec
+
+__all__ = [
+    "attention_layers",
+    "shared_kv_cache_layers",
+    "kv_cache_spec",
+    "encoder_only_layers",
+    "kv_sharing_fast_prefill_eligible_layers",
+    "runner_only_attn_layers",
+    "attn_backends",
+    "attention_cp_compatible",
+]
+
+MODEL = "model"
+
+
+def _kv_cache_disabled() -> bool:
+    """True when this worker is an EC-transfer producer only (vLLM then reports no KV)."""
+    from vllm.distributed.ec_transfer import get_ec_transfer, has_ec_transfer
+
+    return bool(has_ec_transfer() and not get_ec_transfer().is_consumer)
+
+
+@stage(needs=MODEL)
+def attention_layers(vllm_config: VllmConfig, model: Any) -> dict[str, AttentionLayerBase]:
+    """Every attention-like layer the loaded model registered, in forward-context order.
+
+    ``model`` is the loaded module; the layers are read from the forward context that its
+    construction filled (``get_layers_from_vllm_config``), which includes Mamba and other
+    ``AttentionLayerBase`` layers.
+    """
+    from vllm.config import get_layers_from_vllm_config
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+    if model is None:
+        raise ModelPhaseError("attention_layers: model is None; load the model first.")
+    return dict(get_layers_from_vllm_config(vllm_config, AttentionLayerBase))
+
+
+@stage(needs=MODEL)
+def shared_kv_cache_layers(attention_layers: Mapping[str, AttentionLayerBase]) -> dict[str, str]:
+    """Map each cross-layer KV-sharing layer to the layer whose KV cache it reuses.
+
+    vLLM fills ``runner.shared_kv_cache_layers`` as a side effect of ``get_kv_cache_spec``;
+    here it is an output. Empty for EC-transfer producers (vLLM returns early there).
+
+    Raises:
+        ModelPhaseError: a layer names a sharing target that is not an attention layer.
+    """
+    from vllm.model_executor.layers.attention import Attention
+
+    if _kv_cache_disabled():
+        return {}
+    shared: dict[str, str] = {}
+    for name, layer in attention_layers.items():
+        if isinstance(layer, Attention) and (target := layer.kv_sharing_target_layer_name):
+            if target not in attention_layers:
+                msg = (f"layer {name!r} shares the KV cache of {target!r}, which is not an "
+                       f"attention layer of the model.")
+                raise ModelPhaseError(msg, layer=name)
+            shared[name] = target
+    return shared
+
+
+@stage(needs=MODEL)
+def kv_cache_spec(vllm_config: VllmConfig, attention_layers: Mapping[str, AttentionLayerBase],
+                  shared_kv_cache_layers: Mapping[str, str]) -> dict[str, KVCacheSpec]:
+    """The KV cache spec of each layer that owns a KV cache (vLLM's ``get_kv_cache_spec``).
+
+    Sharing layers get no spec (they reuse their target's cache); encoder layers return
+    None from ``layer.get_kv_cache_spec``. Attention specs pass through the backend's
+    ``customize_attention_spec``. Reads the *current* ``cache_config.block_size``.
+    """
+    from vllm.v1.kv_cache_interface import AttentionSpec
+    from vllm.v1.worker.utils import customize_attention_spec
+
+    if _kv_cache_disabled():
+        return {}
+    specs: dict[str, KVCacheSpec] = {}
+    for name, layer in attention_layers.items():
+        if name in shared_kv_cache_layers:
+            continue
+        if spec := layer.get_kv_cache_spec(vllm_config):
+            if isinstance(spec, AttentionSpec):
+                spec = customize_attention_spec(layer.get_attn_backend(), spec)
+            specs[name] = spec
+    return specs
+
+
+@stage(needs=MODEL)
+def encoder_only_layers(attention_layers: Mapping[str, AttentionLayerBase]) -> tuple[str, ...]:
+    """Names of the ``ENCODER_ONLY`` attention layers (they get a runner-made KV group)."""
+    from vllm.model_executor.layers.attention import Attention
+    from vllm.v1.attention.backend import AttentionType
+
+    return tuple(name for name, layer in attention_layers.items()
+                 if isinstance(layer, Attention) and layer.attn_type == AttentionType.ENCODER_ONLY)
+
+
+@stage(needs=MODEL)
+def kv_sharing_fast_prefill_eligible_layers(
+        vllm_config: VllmConfig, attention_layers: Mapping[str, AttentionLayerBase],
+        shared_kv_cache_layers: Mapping[str, str]) -> frozenset[str]:
+    """The trailing run of KV-sharing layers that may skip prefill (YOCO), if enabled.
+
+    Only with ``cache_config.kv_sharing_fast_prefill``; vLLM computes this inside
+    ``maybe_add_kv_sharing_layers_to_kv_cache_groups``.
+    """
+    from vllm.model_executor.layers.attention import Attention
+
+    if not shared_kv_cache_layers or not vllm_config.cache_config.kv_sharing_fast_prefill:
+        return frozenset()
+    eligible: set[str] = set()
+    attn_names = [n for n, layer in attention_layers.items() if isinstance(layer, Attention)]
+    for name in reversed(attn_names):
+        if name not in shared_kv_cache_layers:
+            break
+        eligible.add(name)
+    return frozenset(eligible)
+
+
+@stage(needs=MODEL)
+def runner_only_attn_layers(encoder_only_layers: tuple[str, ...],
+                            shared_kv_cache_layers: Mapping[str, str]) -> frozenset[str]:
+    """Attention layers the runner handles itself: encoder-only and KV-sharing layers.
+
+    The engine's KV planner never sees them; vLLM adds them to
+    ``runner.runner_only_attn_layers`` during ``initialize_kv_cache`` (add-only).
+    """
+    return frozenset(encoder_only_layers) | frozenset(shared_kv_cache_layers)
+
+
+@stage(needs=MODEL)
+def attn_backends(attention_layers: Mapping[str, AttentionLayerBase],
+                  kv_sharing_fast_prefill_eligible_layers: frozenset[str],
+                  ) -> dict[str, type[AttentionBackend]]:
+    """The attention backend class of each layer, FastPrefill-wrapped where eligible.
+
+    vLLM re-creates the ``create_fast_prefill_custom_backend("FastPrefill", backend)``
+    subclass on every ``initialize_attn_backend`` call; here it is created once per
+    underlying backend and reused by every KV phase (the KV phase groups by the class's
+    full name, so one class per underlying backend groups exactly as vLLM does).
+    """
+    from vllm.v1.attention.backends.utils import create_fast_prefill_custom_backend
+
+    wrapped: dict[type, type] = {}
+    backends: dict[str, type[AttentionBackend]] = {}
+    for name, layer in attention_layers.items():
+        backend = layer.get_attn_backend()
+        if name in kv_sharing_fast_prefill_eligible_layers:
+            if backend not in wrapped:
+                wrapped[backend] = create_fast_prefill_custom_backend("FastPrefill", backend)
+            backend = wrapped[backend]
+        backends[name] = backend
+    return backends
+
+
+@stage(needs=MODEL)
+def attention_cp_compatible(vllm_config: VllmConfig,
+                            attention_layers: Mapping[str, AttentionLayerBase]) -> bool:
+    """Check the layers' backends support the configured prefill/decode context parallelism.
+
+    Calls vLLM's ``check_attention_cp_compatibility`` (it reads the same forward context
+    ``attention_layers`` came from); returns True or raises its AssertionError.
+    """
+    from vllm.v1.worker.cp_utils import check_attention_cp_compatibility
+
+    check_attention_cp_compatibility(vllm_config)
+    return True
