@@ -7,11 +7,12 @@ convention, output unpacking) is precomputed into a :class:`Step` when the pipel
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from operator import itemgetter
 from time import perf_counter
 from typing import Any
 
 from ._stage import StageSpec
-from ._trace import STAGE, Trace
+from ._trace import STAGE
 from .errors import StageOutputError
 
 __all__ = ["Failed", "Step", "run_steps"]
@@ -20,7 +21,7 @@ __all__ = ["Failed", "Step", "run_steps"]
 class Step:
     """A stage prepared for dispatch."""
 
-    __slots__ = ("args", "func", "multi", "name", "phase", "positional", "provides", "spec")
+    __slots__ = ("args", "call", "func", "gather", "key", "name", "phase", "provides", "spec")
 
     def __init__(self, spec: StageSpec, func: Callable[..., Any] | None = None) -> None:
         import inspect
@@ -31,9 +32,33 @@ class Step:
         self.func = func if func is not None else spec.func
         self.args = spec.inputs
         self.provides = spec.provides
-        self.multi = spec.multi
+        #: the output key, or None when the stage returns a mapping of several outputs
+        self.key = None if spec.multi else spec.provides[0]
+        self.gather = _gatherer(spec.inputs)
         params = inspect.signature(spec.func).parameters.values()
-        self.positional = all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
+        if all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params):
+            self.call = self.func
+        else:  # keyword-only parameters: pass every input by name
+            names, fn = self.args, self.func
+            self.call = lambda *args: fn(**dict(zip(names, args, strict=True)))
+
+    def with_call(self, call: Callable[..., Any]) -> Step:
+        """Return a copy of this step that calls ``call`` instead (fault injection, wrappers)."""
+        other = Step.__new__(Step)
+        for slot in Step.__slots__:
+            setattr(other, slot, getattr(self, slot))
+        other.call = call
+        return other
+
+
+def _gatherer(keys: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    """Return a fast ``values -> tuple of the inputs`` function (itemgetter where it can)."""
+    if len(keys) >= 2:
+        return itemgetter(*keys)
+    if len(keys) == 1:
+        (k,) = keys
+        return lambda values: (values[k],)
+    return lambda values: ()
 
 
 class Failed(Exception):
@@ -60,36 +85,36 @@ def _unpack(step: Step, out: Any) -> Mapping[str, Any]:
 
 
 def run_steps(steps: list[Step], values: dict[str, Any], done: list[tuple[Step, Any, tuple]],
-              trace: Trace, generation: int,
+              records: list[tuple[Any, ...]], generation: int,
               listener: Callable[[Step, float, str], None] | None) -> None:
     """Run ``steps`` in order.
 
     Each completed step is appended to ``done`` as ``(step, output, args)`` so the caller can
-    tear it down; its outputs go into ``values``. On failure raises :class:`Failed`.
+    tear it down; its outputs go into ``values``; one raw trace record per step goes into
+    ``records`` (see :meth:`Trace.record`). On failure raises :class:`Failed`.
     """
-    record = trace.record
+    append = records.append
+    done_append = done.append
+    clock = perf_counter
     for step in steps:
-        t0 = perf_counter()
+        args = step.gather(values)
+        t0 = clock()
         try:
-            if step.positional:
-                args = tuple([values[k] for k in step.args])
-                out = step.func(*args)
-            else:
-                args = tuple([values[k] for k in step.args])
-                out = step.func(**dict(zip(step.args, args, strict=True)))
-            if step.multi:
+            out = step.call(*args)
+            key = step.key
+            if key is None:
                 values.update(_unpack(step, out))
             else:
-                values[step.provides[0]] = out
+                values[key] = out
         except BaseException as err:
-            t1 = perf_counter()
-            record(step.name, step.phase, STAGE, t0, t1, "error", generation,
-                   f"{type(err).__name__}: {err}")
+            t1 = clock()
+            append((step.name, step.phase, STAGE, t0, t1, "error", generation,
+                    f"{type(err).__name__}: {err}"))
             if listener is not None:
                 listener(step, t1 - t0, "error")
             raise Failed(step, err) from err
-        t1 = perf_counter()
-        done.append((step, out, args))
-        record(step.name, step.phase, STAGE, t0, t1, "ok", generation)
+        t1 = clock()
+        done_append((step, out, args))
+        append((step.name, step.phase, STAGE, t0, t1, "ok", generation, None))
         if listener is not None:
             listener(step, t1 - t0, "ok")

@@ -117,7 +117,7 @@ def _blame(view: dict[str, Any], starts: dict[str, float], fmt: str) -> str:
     lines = [f"{fmt_duration(d):>9} {n:<{width}}  ({phase[n]})" for n, d in ranked]
     lines += ["", "critical chain (@start +duration):"]
     for i, n in enumerate(chain):
-        at = f" @{starts[n]:.3f}s" if n in starts else ""
+        at = f" @{fmt_duration(starts[n])}" if n in starts else ""
         lines.append(f"{'  ' * i}{'└─' if i else ''}{n}{at} +{fmt_duration(durations.get(n))}")
     lines.append(f"total stage time {fmt_duration(sum(durations.values()))}")
     return "\n".join(lines) + "\n"

@@ -8,6 +8,7 @@ import types
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import attrs
 import networkx as nx
 
 from ._dispatch import Step
@@ -56,7 +57,10 @@ class Pipeline:
         #: Output key -> name of the stage that provides it.
         self.producers_by_stage: dict[str, str] = {
             k: v for k, v in producers.items() if not v.startswith("input:")}
-        self._step_cache: dict[str, list[Step]] = {}
+        # Dispatch-ready steps per phase, prepared once (runs share them; they are immutable).
+        self._steps: dict[str, tuple[Step, ...]] = {
+            phase: tuple(Step(self.specs[n]) for n in self.phase_order(phase))
+            for phase in PHASES}
 
     # -- construction --------------------------------------------------------------------
     @classmethod
@@ -169,13 +173,6 @@ class Pipeline:
         values = bind_inputs(START, "start()", self.inputs[START], inputs)
         return Run(self, values, tuple(listeners))
 
-    def _steps(self, phase: str) -> list[Step]:
-        steps = self._step_cache.get(phase)
-        if steps is None:
-            steps = self._step_cache[phase] = [
-                Step(self.specs[n]) for n in self.phase_order(phase)]
-        return list(steps)
-
 
 def _as_spec(obj: Any, package: str | None) -> StageSpec:
     spec = get_spec(obj)
@@ -188,9 +185,6 @@ def _as_spec(obj: Any, package: str | None) -> StageSpec:
 
 
 def _evolve(spec: StageSpec, **changes: Any) -> StageSpec:
-    import attrs
-
     if changes.get("package") is None:
         changes.pop("package", None)
     return attrs.evolve(spec, **changes)
-

@@ -109,10 +109,10 @@ def render_mermaid(view: View) -> str:
             continue
         lines.append(f'  subgraph phase_{phase}["{_mm(phase)} phase"]')
         for s in group:
-            label = s["name"]
+            label = _mm(s["name"])
             if s.get("duration") is not None:
                 label += f"<br/>{fmt_duration(s['duration'])}"
-            lines.append(f'    n_{s["name"]}["{_mm(label)}"]')
+            lines.append(f'    n_{s["name"]}["{label}"]')
         lines.append("  end")
     crit_edges = _critical_pairs(view)
     red = []
