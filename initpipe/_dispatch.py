@@ -24,8 +24,6 @@ class Step:
     __slots__ = ("args", "call", "func", "gather", "key", "name", "phase", "provides", "spec")
 
     def __init__(self, spec: StageSpec, func: Callable[..., Any] | None = None) -> None:
-        import inspect
-
         self.spec = spec
         self.name = spec.name
         self.phase = spec.needs
@@ -35,8 +33,7 @@ class Step:
         #: the output key, or None when the stage returns a mapping of several outputs
         self.key = None if spec.multi else spec.provides[0]
         self.gather = _gatherer(spec.inputs)
-        params = inspect.signature(spec.func).parameters.values()
-        if all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params):
+        if spec.positional:
             self.call = self.func
         else:  # keyword-only parameters: pass every input by name
             names, fn = self.args, self.func

@@ -63,6 +63,8 @@ class StageSpec:
     before: tuple[str, ...] = ()
     doc: str = ""
     package: str | None = None
+    #: False when some input is keyword-only (the runner then passes inputs by name)
+    positional: bool = True
 
     @property
     def qualname(self) -> str:
@@ -85,7 +87,8 @@ def _fail(func: Any, field: str, msg: str) -> StageDeclarationError:
     return StageDeclarationError(f"stage {who}: {msg}", stage=who, field=field)
 
 
-def _plain_parameters(func: Callable[..., Any], field: str, owner: Any) -> list[str]:
+def _plain_parameters(func: Callable[..., Any], field: str, owner: Any,
+                      kwonly: list[str] | None = None) -> list[str]:
     try:
         params = inspect.signature(func).parameters.values()
     except (TypeError, ValueError) as err:
@@ -98,6 +101,8 @@ def _plain_parameters(func: Callable[..., Any], field: str, owner: Any) -> list[
         if p.kind is p.POSITIONAL_ONLY:
             raise _fail(owner, field, f"parameter {p.name!r} is positional-only; inputs are "
                                       f"passed by name.")
+        if p.kind is p.KEYWORD_ONLY and kwonly is not None:
+            kwonly.append(p.name)
         names.append(p.name)
     return names
 
@@ -133,7 +138,8 @@ def make_spec(func: Any, *, needs: Any, provides: str | Iterable[str] | None = N
                                   "instead of yielding them.")
     if inspect.iscoroutinefunction(func):
         raise _fail(func, "func", "async functions are not supported; stages run synchronously.")
-    inputs = tuple(_plain_parameters(func, "func", func))
+    kwonly: list[str] = []
+    inputs = tuple(_plain_parameters(func, "func", func, kwonly))
     stage_name = name if name is not None else getattr(func, "__name__", None)
     if not isinstance(stage_name, str) or not stage_name.isidentifier():
         raise _fail(func, "name", f"name={stage_name!r} is not a valid identifier.")
@@ -156,7 +162,8 @@ def make_spec(func: Any, *, needs: Any, provides: str | Iterable[str] | None = N
     return StageSpec(name=stage_name, func=func, needs=needs, inputs=inputs, provides=outs,
                      teardown=teardown, teardown_inputs=t_inputs, effects=_names(effects),
                      after=_names(after), before=_names(before),
-                     doc=doc.strip().splitlines()[0] if doc.strip() else "", package=package)
+                     doc=doc.strip().splitlines()[0] if doc.strip() else "", package=package,
+                     positional=not kwonly)
 
 
 def stage(func: F | None = None, *, needs: str, provides: str | Iterable[str] | None = None,

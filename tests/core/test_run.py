@@ -323,3 +323,13 @@ def test_replace_and_add_revalidate():
         r.pipeline.replace("tensors", wrong)
     with pytest.raises(UnknownStageNameError, match="Did you mean 'tensors'"):
         r.pipeline.replace("tensor", zero_tensors)
+
+
+def test_keyword_only_inputs_are_passed_by_name():
+    @stage(needs="model")
+    def kw(model, *, scale):
+        return model * scale
+
+    run = Pipeline([kw], start_inputs=("scale",)).start(scale=3)
+    run.load(model=2)
+    assert run.outputs["kw"] == 6
