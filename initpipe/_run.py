@@ -95,7 +95,10 @@ class Run:
         self._phase_inputs: dict[str, tuple[str, ...]] = {MODEL: (), KV: ()}
         self._listeners = list(listeners)
         self._lock = threading.Lock()
-        self._steps = pipeline._steps
+        # Run-local copy: fault injection swaps steps here without touching the pipeline.
+        self._steps: dict[str, tuple[Step, ...]] = dict(pipeline._steps)
+        self._faults: dict[str, tuple[BaseException, bool]] = {}
+        self._after_fault: tuple[Step, Any, tuple] | None = None
 
     # -- observation ---------------------------------------------------------------------
     def add_listener(self, fn: Listener) -> None:
@@ -213,6 +216,48 @@ class Run:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # -- fault injection (tests) ---------------------------------------------------------
+    def inject_fault(self, stage: str, error: BaseException | None = None, *,
+                     after: bool = False) -> None:
+        """Test-only: make ``stage`` fail on its next runs, without editing the stage.
+
+        Args:
+            stage: the stage name.
+            error: the exception to raise (default: ``RuntimeError("injected fault")``).
+            after: raise right after the stage completed (its output exists and is rolled
+                back like any completed stage's) instead of before it runs.
+
+        Raises:
+            UnknownStageNameError: no such stage.
+        """
+        spec = self.pipeline.stage(stage)
+        with self._lock:
+            self._faults[stage] = (error or RuntimeError(f"injected fault in {stage!r}"), after)
+            self._rebuild_steps(spec.needs)
+
+    def clear_faults(self) -> None:
+        """Remove every injected fault."""
+        with self._lock:
+            self._faults.clear()
+            self._steps = dict(self.pipeline._steps)
+
+    def _rebuild_steps(self, phase: str) -> None:
+        steps = []
+        for step in self.pipeline._steps[phase]:
+            fault = self._faults.get(step.name)
+            steps.append(step if fault is None else step.with_call(self._faulty(step, *fault)))
+        self._steps[phase] = tuple(steps)
+
+    def _faulty(self, step: Step, error: BaseException, after: bool) -> Callable[..., Any]:
+        real = step.call
+
+        def call(*args: Any) -> Any:
+            if after:
+                self._after_fault = (step, real(*args), args)
+            raise error
+
+        return call
+
     # -- internals -----------------------------------------------------------------------
     def _check_open(self, call: str) -> None:
         if self.state == "closed":
@@ -239,6 +284,14 @@ class Run:
             run_steps(self._steps[phase], self._values, done, self.trace._records, generation,
                       self._listener())
         except Failed as failed:
+            if self._after_fault is not None:  # an injected fault after a completed stage
+                step, out, args = self._after_fault
+                self._after_fault = None
+                if step.key is None:
+                    self._values.update(out)
+                else:
+                    self._values[step.key] = out
+                done.append((step, out, args))
             completed = [s.name for s, _, _ in done]
             try:
                 rolled = self._teardown_phase(phase)

@@ -333,3 +333,33 @@ def test_keyword_only_inputs_are_passed_by_name():
     run = Pipeline([kw], start_inputs=("scale",)).start(scale=3)
     run.load(model=2)
     assert run.outputs["kw"] == 6
+
+
+def test_injected_fault_before_a_stage_rolls_back_its_predecessors():
+    r = Recorder()
+    run = r.pipeline.start(config=1)
+    run.load(model=1)
+    run.inject_fault("tensors", MemoryError("no KV memory"))
+    with pytest.raises(StageError, match="no KV memory") as e:
+        run.initialize_kv_cache(3)
+    assert e.value.stage == "tensors" and e.value.completed == ("groups",)
+    assert not r.runs("tensors")  # the stage itself never ran
+    assert set(run.outputs) == {"spec"}
+    run.clear_faults()
+    run.initialize_kv_cache(4)
+    assert run.outputs["bind"] == ("bind", 4, False)
+
+
+def test_injected_fault_after_a_stage_also_tears_that_stage_down():
+    r = Recorder()
+    run = r.pipeline.start(config=1)
+    run.load(model=1)
+    run.inject_fault("tensors", after=True)
+    with pytest.raises(StageError, match="injected fault in 'tensors'") as e:
+        run.initialize_kv_cache(3)
+    assert e.value.completed == ("groups", "tensors")
+    assert e.value.rolled_back == ("tensors", "groups")
+    assert ("teardown", "tensors", ("tensors", 3), 3) in r.log
+    assert set(run.outputs) == {"spec"}
+    with pytest.raises(Exception, match="has no stage 'tensrs'"):
+        run.inject_fault("tensrs")
