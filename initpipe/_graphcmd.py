@@ -139,7 +139,7 @@ def _render(view: dict[str, Any], fmt: str) -> bytes:
         if fmt == "html":
             from ._html import render_html
 
-            return render_html(view, graphviz(render_dot(view), "svg").decode()).encode()
+            return render_html(view, graphviz(render_dot(view), "svg", purpose="html").decode()).encode()
         return graphviz(render_dot(view), fmt)
     except GraphvizError as err:
         raise UsageError(str(err)) from err

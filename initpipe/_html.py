@@ -55,6 +55,10 @@ _JS = r"""
   data.edges.forEach(function (e) {
     if (byName[e.from] && byName[e.to]) { ups[e.to].push(e); downs[e.from].push(e); }
   });
+  var inputPhase = {};
+  Object.keys(data.inputs || {}).forEach(function (p) {
+    data.inputs[p].forEach(function (k) { inputPhase[k] = p; });
+  });
   var svg = document.querySelector("#graph svg");
   var panel = document.getElementById("details");
   var pinned = null;
@@ -88,7 +92,14 @@ _JS = r"""
     keys.forEach(function (k, i) {
       var who = edges.filter(function (e) { return e.key === k; })
         .map(function (e) { return e[side]; });
-      var line = k + (who.length ? (side === "from" ? "  \u2190 " : "  \u2192 ") + who.join(", ") : "");
+      var line = k;
+      if (side === "from" && !who.length) {
+        line += "  (pipeline input" + (inputPhase[k] ? ": " + inputPhase[k] : "") + ")";
+      } else if (side === "from" && (who.length > 1 || who[0] !== k)) {
+        line += "  \u2190 " + who.join(", ");
+      } else if (side === "to" && who.length) {
+        line += "  \u2192 " + who.join(", ");
+      }
       if (i) { dd.appendChild(document.createElement("br")); }
       dd.appendChild(text("span", line));
     });

@@ -192,8 +192,13 @@ class GraphvizError(RuntimeError):
     """Graphviz's ``dot`` program is missing or failed."""
 
 
-def graphviz(dot_source: str, fmt: str) -> bytes:
+def graphviz(dot_source: str, fmt: str, *, purpose: str | None = None) -> bytes:
     """Lay out ``dot_source`` with Graphviz's ``dot`` and return the ``svg``/``png`` bytes.
+
+    Args:
+        dot_source: the DOT text.
+        fmt: a ``dot -T`` output format.
+        purpose: the ``--format`` the output is for, named in the error (default: ``fmt``).
 
     Raises:
         GraphvizError: ``dot`` is not installed (the message gives the install command), or
@@ -205,7 +210,7 @@ def graphviz(dot_source: str, fmt: str) -> bytes:
     exe = shutil.which("dot")
     if exe is None:
         raise GraphvizError(
-            f"--format {fmt} needs Graphviz's dot program, which is not on PATH. Install it "
+            f"--format {purpose or fmt} needs Graphviz's dot program, which is not on PATH. Install it "
             f"with: apt-get install graphviz (macOS: brew install graphviz), or use --format "
             f"dot or mermaid.")
     try:
