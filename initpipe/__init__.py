@@ -8,6 +8,7 @@ ordered by networkx), then drive a :class:`Run`: ``start()`` -> ``load()`` (mode
 from __future__ import annotations
 
 from . import errors
+from ._extensions import ENTRY_POINT_GROUP, Extension, apply_extensions
 from ._graph import REQUIRED
 from ._pipeline import Pipeline
 from ._run import Outputs, Run
@@ -17,6 +18,7 @@ from .errors import (
     CycleError,
     DuplicateProducerError,
     DuplicateStageError,
+    ExtensionError,
     InitpipeError,
     InputsError,
     MissingInputError,
@@ -32,6 +34,7 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "KV",
     "MODEL",
     "PHASES",
@@ -39,6 +42,8 @@ __all__ = [
     "CycleError",
     "DuplicateProducerError",
     "DuplicateStageError",
+    "Extension",
+    "ExtensionError",
     "InitpipeError",
     "InputsError",
     "MissingInputError",
@@ -56,6 +61,7 @@ __all__ = [
     "Trace",
     "TraceEvent",
     "__version__",
+    "apply_extensions",
     "blame",
     "critical_path",
     "errors",

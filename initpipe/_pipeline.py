@@ -127,6 +127,27 @@ class Pipeline:
                        package=package)
         return self._rebuild([*self.specs.values(), spec])
 
+    def with_extensions(self, names: Iterable[str] | str | None = None) -> Pipeline:
+        """Return this pipeline with installed extensions (entry-point group
+        ``initpipe.stages``) applied.
+
+        Args:
+            names: extension names, ``"all"``, or None to read ``INITPIPE_EXTENSIONS``
+                (unset: no extension, the pipeline is returned as is).
+
+        Raises:
+            ExtensionError: an extension is unknown, fails to import, or breaks the graph
+                (the error names the package).
+        """
+        from ._extensions import apply_extensions, available, enabled_names, load_extension
+
+        wanted = enabled_names() if names is None else names
+        if not wanted:
+            return self
+        eps = available()
+        chosen = sorted(eps) if wanted == "all" else [wanted] if isinstance(wanted, str) else list(wanted)
+        return apply_extensions(self, [load_extension(n, eps) for n in chosen])
+
     # -- inspection ----------------------------------------------------------------------
     def stage(self, name: str) -> StageSpec:
         """Return the spec of stage ``name``.

@@ -14,6 +14,7 @@ working. The facts in a message also ride on attributes that tests and tools can
     │   ├── PhaseViolationError (ValueError)    a model stage depends on the KV phase
     │   ├── UnknownStageError (LookupError)     ``after=``/``before=`` names no stage
     │   └── NotAStageError (TypeError)          an object passed as a stage is not one
+    ├── ExtensionError (ValueError)            an installed/enabled extension cannot apply
     ├── PhaseOrderError (RuntimeError)         runner methods called in the wrong order
     ├── InputsError (TypeError)                missing or unknown external inputs
     ├── OutputNotAvailableError (KeyError)     reading an output that does not exist (yet)
@@ -32,6 +33,7 @@ __all__ = [
     "CycleError",
     "DuplicateProducerError",
     "DuplicateStageError",
+    "ExtensionError",
     "GraphProblem",
     "InitpipeError",
     "InputsError",
@@ -221,6 +223,23 @@ class PipelineValidationError(InitpipeError, ValueError):
         lines = "\n".join(f"  - {p}" for p in self.problems)
         n = len(self.problems)
         super().__init__(f"invalid pipeline: {n} problem{'s' if n != 1 else ''}:\n{lines}")
+
+
+class ExtensionError(InitpipeError, ValueError):
+    """An extension (third-party stages) cannot be loaded or applied.
+
+    Attributes:
+        extension: the extension (entry-point) name.
+        package: the distribution that brought it, if known.
+        problems: the core errors it caused (e.g. the graph problems), if any.
+    """
+
+    def __init__(self, msg: str, *, extension: str, package: str | None,
+                 problems: Sequence[Exception] = ()) -> None:
+        super().__init__(msg)
+        self.extension = extension
+        self.package = package
+        self.problems = tuple(problems)
 
 
 class PhaseOrderError(InitpipeError, RuntimeError):
