@@ -110,4 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as `python -m initpipe.cli`: dispatch through the importable module, so the
+    # handlers' `from .cli import UsageError` is the class caught here.
+    from initpipe.cli import main as _main
+
+    sys.exit(_main())
