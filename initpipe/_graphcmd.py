@@ -72,7 +72,7 @@ def _report_invalid(inv: _Invalid, fmt: str | None, stream: Any) -> int:
 
 def _summary(p: Pipeline) -> str:
     counts = ", ".join(f"{ph}: {len(p.phase_order(ph))}" for ph in ("model", "kv_cache_config"))
-    ne = p.graph.number_of_edges()
+    ne = len(export(p)["edges"])  # counted as in every drawing: one per data key
     return (f"OK: pipeline {p.name!r} is valid: {len(p)} stage{'s' if len(p) != 1 else ''} "
             f"({counts}), {ne} edge{'s' if ne != 1 else ''}")
 
@@ -139,7 +139,8 @@ def _render(view: dict[str, Any], fmt: str) -> bytes:
         if fmt == "html":
             from ._html import render_html
 
-            return render_html(view, graphviz(render_dot(view), "svg", purpose="html").decode()).encode()
+            svg = graphviz(render_dot(view), "svg", purpose="html").decode()
+            return render_html(view, svg).encode()
         return graphviz(render_dot(view), fmt)
     except GraphvizError as err:
         raise UsageError(str(err)) from err

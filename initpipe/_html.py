@@ -227,7 +227,8 @@ def render_html(view: View, svg: str) -> str:
 <style>{_CSS}</style></head>
 <body>
 <header><h1>initpipe graph: {name}</h1>
-<div class="legend">{n} stage{"s" if n != 1 else ""}, {len(view["edges"])} edges &nbsp; {legend}</div>
+<div class="legend">{n} stage{"s" if n != 1 else ""}, {len(view["edges"])} edges &nbsp;
+{legend}</div>
 <div class="muted">Hover a stage for its inputs and outputs; click to pin it and highlight its
 lineage.</div></header>
 <main><div id="graph">{body}</div>

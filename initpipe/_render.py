@@ -156,8 +156,8 @@ def render_dot(view: View) -> str:
         if not group:
             continue
         fill, stroke = PHASE_COLORS.get(phase, ("#eeeeee", "#555555"))
-        lines += [f"  subgraph {_q('cluster_' + phase)} {{",
-                  f"    graph {_attrs(label=phase + ' phase', style='rounded', color=stroke, fontcolor=stroke)};"]
+        box = _attrs(label=f"{phase} phase", style="rounded", color=stroke, fontcolor=stroke)
+        lines += [f"  subgraph {_q('cluster_' + phase)} {{", f"    graph {box};"]
         for s in group:
             label = s["name"]
             if s.get("duration") is not None:
@@ -210,8 +210,8 @@ def graphviz(dot_source: str, fmt: str, *, purpose: str | None = None) -> bytes:
     exe = shutil.which("dot")
     if exe is None:
         raise GraphvizError(
-            f"--format {purpose or fmt} needs Graphviz's dot program, which is not on PATH. Install it "
-            f"with: apt-get install graphviz (macOS: brew install graphviz), or use --format "
+            f"--format {purpose or fmt} needs Graphviz's dot program, which is not on PATH. "
+            f"Install it with: apt-get install graphviz (macOS: brew install graphviz), or use --format "
             f"dot or mermaid.")
     try:
         proc = subprocess.run([exe, f"-T{fmt}"], input=dot_source.encode(), capture_output=True,

@@ -57,7 +57,8 @@ def cli_env() -> dict[str, str]:
 
 
 @pytest.fixture
-def run_cli(cli_env: dict[str, str], tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+def run_cli(cli_env: dict[str, str],
+            tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run ``initpipe ARGS`` in a fresh interpreter; return the completed process (text)."""
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -24,8 +24,10 @@ def test_text_lists_stages_in_order_grouped_by_phase(capsys: pytest.CaptureFixtu
     code, out, err = graph(capsys, MINI)
     assert (code, err) == (0, "")
     lines = out.splitlines()
-    assert lines[0] == "pipeline 'cli_toys.mini_vllm': 7 stages (model: 4, kv_cache_config: 3), 11 edges"
-    assert lines[1] == "inputs: start: vllm_config, device; model: model; kv_cache_config: kv_cache_config"
+    assert lines[0] == ("pipeline 'cli_toys.mini_vllm': 7 stages (model: 4, "
+                        "kv_cache_config: 3), 11 edges")
+    assert lines[1] == ("inputs: start: vllm_config, device; model: model; "
+                        "kv_cache_config: kv_cache_config")
     model_at = next(i for i, ln in enumerate(lines) if ln.startswith("model phase"))
     kv_at = next(i for i, ln in enumerate(lines) if ln.startswith("kv_cache_config phase"))
     positions = [next(i for i, ln in enumerate(lines) if f". {n} " in ln) for n in MINI_ORDER]
@@ -49,14 +51,16 @@ def test_json_follows_the_documented_schema(capsys: pytest.CaptureFixture[str]) 
                     "module": "cli_toys.mini_vllm", "qualname": "cli_toys.mini_vllm:kv_cache_spec",
                     "package": None,
                     "doc": "Build each layer's KV cache spec <and> \"record\" shared layers."}
-    assert {"from": "cudagraph", "to": "warm_up", "key": "batch_sizes", "kind": "data"} in data["edges"]
-    assert {"from": "metadata_builders", "to": "warm_up", "key": None, "kind": "order"} in data["edges"]
+    edges = data["edges"]
+    assert {"from": "cudagraph", "to": "warm_up", "key": "batch_sizes", "kind": "data"} in edges
+    assert {"from": "metadata_builders", "to": "warm_up", "key": None, "kind": "order"} in edges
     assert all(set(e) == {"from", "to", "key", "kind"} for e in data["edges"])
     assert data["inputs"]["start"] == ["vllm_config", "device"]
     assert data["version"] == 1
 
 
-def test_mermaid_has_a_subgraph_per_phase_and_keyed_edges(capsys: pytest.CaptureFixture[str]) -> None:
+def test_mermaid_has_a_subgraph_per_phase_and_keyed_edges(
+        capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = graph(capsys, MINI, "-f", "mermaid")
     assert code == 0
     assert out.startswith("flowchart TD\n")
@@ -122,7 +126,8 @@ def test_check_lists_every_problem_and_exits_1(capsys: pytest.CaptureFixture[str
     assert "DuplicateProducerError: duplicate producer for 'weights'" in body
     assert "MissingInputError: missing input 'nowhere': needed by cli_toys.broken:load_a" in body
     assert "CycleError: cycle: ping -> pong -> ping" in body
-    assert "PhaseViolationError: phase violation: model-phase stage 'cli_toys.broken:too_early'" in body
+    assert ("PhaseViolationError: phase violation: model-phase stage "
+            "'cli_toys.broken:too_early'") in body
     assert "kv_side -> too_early" in body
 
 
@@ -155,12 +160,14 @@ def test_invalid_pipeline_without_check_prints_problems_on_stderr(
         capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = graph(capsys, "cli_toys.cyclic")
     assert (code, out) == (1, "")
-    assert err.startswith("invalid pipeline 'cli_toys.cyclic': 1 problem\n  1. CycleError: cycle: a -> b -> a")
+    assert err.startswith("invalid pipeline 'cli_toys.cyclic': 1 problem\n"
+                          "  1. CycleError: cycle: a -> b -> a")
 
 
 @pytest.mark.parametrize(("target", "message"), [
     ("no_such_module_xyz", "Error: no module named 'no_such_module_xyz'"),
-    ("cli_toys.pipelines:NOPE", "Error: cli_toys.pipelines:NOPE: 'cli_toys.pipelines' has no attribute 'NOPE'"),
+    ("cli_toys.pipelines:NOPE",
+     "Error: cli_toys.pipelines:NOPE: 'cli_toys.pipelines' has no attribute 'NOPE'"),
     ("cli_toys.empty", "Error: module 'cli_toys.empty' declares no stages"),
 ])
 def test_bad_targets_exit_2_with_error(capsys: pytest.CaptureFixture[str], target: str,

@@ -37,8 +37,9 @@ def test_png_is_a_png(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["svg", "png", "html"])
-def test_missing_dot_gives_the_install_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str], fmt: str) -> None:
+def test_missing_dot_gives_the_install_command(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        fmt: str) -> None:
     real_which = shutil.which
     monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "dot"
                         else real_which(name, *a, **k))

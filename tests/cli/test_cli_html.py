@@ -73,7 +73,8 @@ def test_chromium_renders_every_stage_without_console_errors(tmp_path: Path,
     dom = chromium(page.as_uri(), "--dump-dom")
     assert console_messages(dom.stderr) == []
     assert 'data-ready="1"' in dom.stdout  # the script ran to its end
-    for name in json.loads(page.read_text().split('id="initpipe-data">')[1].split("</script>")[0])["order"]:
+    embedded = page.read_text().split('id="initpipe-data">')[1].split("</script>")[0]
+    for name in json.loads(embedded)["order"]:
         assert f'id="stage-{name}"' in dom.stdout  # in the drawing
         assert f'<tr data-stage="{name}"' in dom.stdout  # and in the table
 
@@ -115,4 +116,5 @@ def test_console_error_detection_catches_a_broken_page(tmp_path: Path, chromium:
     bad = tmp_path / "bad.html"
     bad.write_text("<!DOCTYPE html><html><body><script>missingFunction();</script></body></html>")
     res = chromium(bad.as_uri(), "--dump-dom")
-    assert any("Uncaught ReferenceError: missingFunction" in m for m in console_messages(res.stderr))
+    messages = console_messages(res.stderr)
+    assert any("Uncaught ReferenceError: missingFunction" in m for m in messages)
