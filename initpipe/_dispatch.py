@@ -105,13 +105,13 @@ def run_steps(steps: list[Step], values: dict[str, Any], done: list[tuple[Step, 
                 values[key] = out
         except BaseException as err:
             t1 = clock()
-            append((step.name, step.phase, STAGE, t0, t1, "error", generation,
+            append((step.name, step.phase, STAGE, t0, t1 - t0, "error", generation,
                     f"{type(err).__name__}: {err}"))
             if listener is not None:
                 listener(step, t1 - t0, "error")
             raise Failed(step, err) from err
         t1 = clock()
         done_append((step, out, args))
-        append((step.name, step.phase, STAGE, t0, t1, "ok", generation, None))
+        append((step.name, step.phase, STAGE, t0, t1 - t0, "ok", generation, None))
         if listener is not None:
             listener(step, t1 - t0, "ok")

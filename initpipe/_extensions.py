@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -25,6 +24,8 @@ from ._stage import StageSpec, get_spec
 from .errors import ExtensionError, InitpipeError
 
 if TYPE_CHECKING:
+    from importlib import metadata
+
     from ._pipeline import Pipeline
 
 __all__ = ["ENTRY_POINT_GROUP", "ENV_VAR", "Extension", "apply_extensions", "available",
@@ -57,6 +58,8 @@ class Extension:
 
 def available() -> dict[str, metadata.EntryPoint]:
     """Installed extensions by entry-point name (nothing is imported)."""
+    from importlib import metadata  # lazily: it costs CLI start-up time
+
     return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 

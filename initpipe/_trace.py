@@ -66,13 +66,13 @@ class Trace:
                generation: int = 0, error: str | None = None) -> None:
         """Append one event; ``t0``/``t1`` are ``time.perf_counter()`` values.
 
-        The hot loop appends the same raw tuple to ``_records`` directly.
+        The hot loop appends the same raw tuple (start, duration) to ``_records`` directly.
         """
-        self._records.append((name, phase, kind, t0, t1, outcome, generation, error))
+        self._records.append((name, phase, kind, t0, t1 - t0, outcome, generation, error))
 
     def _event(self, r: tuple[Any, ...]) -> TraceEvent:
         return TraceEvent(name=r[0], phase=r[1], kind=r[2], start=r[3] - self.origin,
-                          duration=r[4] - r[3], outcome=r[5], generation=r[6], error=r[7])
+                          duration=r[4], outcome=r[5], generation=r[6], error=r[7])
 
     @property
     def events(self) -> list[TraceEvent]:
@@ -100,7 +100,7 @@ class Trace:
 
     def durations(self) -> dict[str, float]:
         """Latest successful duration of each stage (re-runs overwrite earlier ones)."""
-        return {r[0]: r[4] - r[3] for r in self._records if r[2] == STAGE and r[5] == "ok"}
+        return {r[0]: r[4] for r in self._records if r[2] == STAGE and r[5] == "ok"}
 
     def to_dict(self, graph: nx.DiGraph | None = None) -> dict[str, Any]:
         """Return ``{"version", "wall_origin", "events", "critical_path"?}`` as plain data."""
@@ -141,8 +141,8 @@ class Trace:
         t = cls()
         t.wall_origin = data.get("wall_origin", t.wall_origin)
         for e in data["events"]:
-            t0 = t.origin + e["start"]
-            t._records.append((e["name"], e["phase"], e["kind"], t0, t0 + e["duration"],
+            t._records.append((e["name"], e["phase"], e["kind"], t.origin + e["start"],
+                               e["duration"],
                                e["outcome"], e.get("generation", 0), e.get("error")))
         return t
 

@@ -84,3 +84,11 @@ def test_failed_stage_is_traced_with_its_error():
         pass
     (e,) = run.trace.events
     assert e.outcome == "error" and e.error == "ValueError: nope"
+
+
+def test_json_round_trip_keeps_durations_exactly():
+    t = Trace()
+    t.record("x", "model", "stage", 10.0, 11.2, "ok")
+    back = Trace.from_dict(json.loads(json.dumps(t.to_dict())))
+    assert back.durations() == t.durations()
+    assert back.events[0].start == t.events[0].start
