@@ -1,0 +1,166 @@
+"""Engine-side planning stages: what vLLM's engine core decides between the runner's phases.
+
+What belongs here: the steps the *engine* (not the runner) runs between ``load_model`` and
+``initialize_kv_cache``, rebuilt as initpipe stages so :mod:`.plan` can replay them around
+the catalog's own model and KV phases on the meta device. Nothing here allocates.
+
+Replaces, for planning only:
+
+- ``current_platform.update_block_size_for_backend`` called by the executor after
+  ``load_model`` (``vllm/v1/executor/uniproc_executor.py``; rules in
+  ``vllm/platforms/interface.py`` ``Platform.update_block_size_for_backend``) —
+  :func:`planned_block_size`, ordered before the catalog's ``kv_cache_spec``;
+- the layout resolution in ``EngineCore._initialize_kv_caches`` (``vllm/v1/engine/core.py``):
+  ``get_supported_kv_cache_layouts`` (``WorkerBase.get_supported_kv_cache_layouts``) and
+  ``resolve_kv_cache_layout`` (``vllm/v1/attention/backends/utils.py``) —
+  :func:`kv_cache_layout`;
+- ``get_kv_cache_configs`` (``vllm/v1/core/kv_cache_utils.py``) with
+  ``num_gpu_blocks_override`` or an explicit KV byte budget instead of memory profiling,
+  plus the ``max_model_len`` the engine hands back to workers (``update_max_model_len``) —
+  :func:`engine_kv_cache_config`.
+
+torch and vllm are imported inside the stage bodies only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from initpipe import stage
+
+from .errors import KVCacheConfigError
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.attention.backend import AttentionBackend
+    from vllm.v1.kv_cache_interface import KVCacheSpec
+
+__all__ = ["BlockSizeChoice", "PLAN_STAGES", "engine_kv_cache_config", "kv_cache_layout",
+           "planned_block_size"]
+
+
+@attrs.frozen(kw_only=True)
+class BlockSizeChoice:
+    """The block size the platform rules chose, and what they started from.
+
+    Attributes:
+        block_size: the final ``cache_config.block_size``.
+        previous: the value before the stage ran (restored by its teardown).
+        rules: the platform class whose ``update_block_size_for_backend`` ran.
+        backends: names of the distinct non-SSM backends the rules looked at.
+    """
+
+    block_size: int
+    previous: int
+    rules: str
+    backends: tuple[str, ...]
+
+
+def _restore_block_size(choice: BlockSizeChoice, vllm_config: VllmConfig) -> None:
+    vllm_config.cache_config.block_size = choice.previous
+
+
+@stage(needs="model", before=("kv_cache_spec",), teardown=_restore_block_size,
+       effects=("cache_config.block_size",))
+def planned_block_size(vllm_config: VllmConfig, target_platform: Any,
+                       attention_layers: Mapping[str, Any]) -> BlockSizeChoice:
+    """Fix ``cache_config.block_size`` with the target platform's rules, before the specs.
+
+    ``target_platform`` is a vLLM ``Platform`` class. When it is not the running platform
+    (planning CUDA backends on the CPU platform), the CPU platform's
+    ``check_and_update_config`` default of 128 is undone first: CUDA keeps
+    ``CacheConfig.DEFAULT_BLOCK_SIZE`` unless ``--block-size`` was given, and then its
+    inherited ``Platform.update_block_size_for_backend`` asks each backend's
+    ``get_preferred_block_size`` / ``get_supported_kernel_block_sizes``.
+    """
+    from vllm.config.cache import CacheConfig
+    from vllm.platforms import current_platform
+
+    cache_config = vllm_config.cache_config
+    previous = cache_config.block_size
+    if target_platform is not type(current_platform) and not cache_config.user_specified_block_size:
+        cache_config.block_size = CacheConfig.DEFAULT_BLOCK_SIZE
+    try:
+        target_platform.update_block_size_for_backend(vllm_config)
+    except Exception:
+        cache_config.block_size = previous
+        raise
+    backends = dict.fromkeys(layer.get_attn_backend().get_name()
+                             for layer in attention_layers.values())
+    return BlockSizeChoice(block_size=cache_config.block_size, previous=previous,
+                           rules=target_platform.__name__, backends=tuple(backends))
+
+
+def _forget_layout(layout: Any, vllm_config: VllmConfig) -> None:
+    vllm_config.cache_config.kv_cache_layout = None
+
+
+@stage(needs="model", teardown=_forget_layout, effects=("cache_config.kv_cache_layout",))
+def kv_cache_layout(vllm_config: VllmConfig,
+                    attn_backends: Mapping[str, type[AttentionBackend]],
+                    kv_cache_spec: Mapping[str, KVCacheSpec]) -> Any:
+    """The engine's one ``KVCacheLayout`` for the model (vLLM's ``resolve_kv_cache_layout``).
+
+    The layouts every backend supports (``supported_kv_cache_layouts``, or vLLM's default
+    preference for backends that accept any), narrowed by the specs' HNC shapes, then
+    ``VLLM_KV_CACHE_LAYOUT``, the connector's preference, else the first candidate.
+    Records the name on ``cache_config`` as the engine does (declared effect).
+    """
+    from vllm.v1.attention.backends.utils import (
+        get_supported_kv_cache_layouts,
+        resolve_kv_cache_layout,
+    )
+
+    # One worker: the distinct backends of its layers, as WorkerBase reports them.
+    backends = list({b.full_cls_name(): b for b in attn_backends.values()}.values())
+    supported = [layout.name for layout in get_supported_kv_cache_layouts(backends)]
+    return resolve_kv_cache_layout(vllm_config, [supported], list(kv_cache_spec.values()))
+
+
+@stage(needs="kv_cache_config", provides=("kv_cache_config", "max_model_len"),
+       effects=("model_config.max_model_len (only when auto-fit, max_model_len=-1)",))
+def engine_kv_cache_config(vllm_config: VllmConfig, kv_cache_spec: Mapping[str, KVCacheSpec],
+                           kv_cache_layout: Any, num_blocks: int | None,
+                           kv_bytes: int | None) -> dict[str, Any]:
+    """The engine's ``KVCacheConfig`` for ``num_blocks`` blocks or a ``kv_bytes`` budget.
+
+    vLLM's ``get_kv_cache_configs`` for one worker, with ``num_gpu_blocks_override`` set
+    for the call when ``num_blocks`` is given (``kv_bytes`` then plays no part), else with
+    ``kv_bytes`` as the worker's available memory. The layout name is copied into the
+    config as ``EngineCore._initialize_kv_caches`` does. ``max_model_len`` is the value
+    after vLLM's checks (auto-fit may shrink a ``-1``), the one the runner then uses.
+
+    Raises:
+        KVCacheConfigError: neither or both of ``num_blocks`` / ``kv_bytes``, or a
+            non-positive value.
+        ValueError: from vLLM, e.g. the budget cannot hold one ``max_model_len`` request.
+    """
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+    from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+
+    if (num_blocks is None) == (kv_bytes is None):
+        raise KVCacheConfigError("give exactly one of num_blocks and kv_bytes "
+                                 f"(got num_blocks={num_blocks}, kv_bytes={kv_bytes}).",
+                                 field="num_blocks")
+    value = num_blocks if num_blocks is not None else kv_bytes
+    if value is None or value < 1:
+        field = "num_blocks" if num_blocks is not None else "kv_bytes"
+        raise KVCacheConfigError(f"{field}={value} must be a positive integer.", field=field)
+    register_all_kvcache_specs(vllm_config)
+    cache_config = vllm_config.cache_config
+    saved = cache_config.num_gpu_blocks_override
+    if num_blocks is not None:
+        cache_config.num_gpu_blocks_override = num_blocks
+    try:
+        (cfg,) = get_kv_cache_configs(vllm_config, [dict(kv_cache_spec)],
+                                      [kv_bytes if kv_bytes is not None else 0])
+    finally:
+        cache_config.num_gpu_blocks_override = saved
+    cfg.kv_cache_layout = getattr(kv_cache_layout, "name", kv_cache_layout)
+    return {"kv_cache_config": cfg, "max_model_len": vllm_config.model_config.max_model_len}
+
+
+PLAN_STAGES = (planned_block_size, kv_cache_layout, engine_kv_cache_config)
