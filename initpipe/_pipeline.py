@@ -15,6 +15,7 @@ from ._dispatch import Step
 from ._graph import START, collect_specs, edge_label, normalize_inputs, order_graph, validate
 from ._run import Listener, Run, bind_inputs
 from ._stage import KV, MODEL, PHASES, StageSpec, get_spec
+from ._trace import Trace
 from .errors import PipelineValidationError, StageDeclarationError, UnknownStageNameError
 
 __all__ = ["Pipeline"]
@@ -181,18 +182,21 @@ class Pipeline:
         return f"<Pipeline {self.name!r} {len(self)} stages ({counts})>"
 
     # -- running -------------------------------------------------------------------------
-    def start(self, *, listeners: Sequence[Listener] = (), **inputs: Any) -> Run:
+    def start(self, *, listeners: Sequence[Listener] = (), trace: Trace | None = None,
+              **inputs: Any) -> Run:
         """Begin a run with the start-phase inputs.
 
         Args:
             listeners: callables receiving each TraceEvent (progress, logging).
+            trace: record into this Trace (e.g. one shared with host spans or an earlier
+                run) instead of a new one.
             **inputs: the declared start inputs.
 
         Raises:
             InputsError: missing or unknown inputs.
         """
         values = bind_inputs(START, "start()", self.inputs[START], inputs)
-        return Run(self, values, tuple(listeners))
+        return Run(self, values, tuple(listeners), trace)
 
 
 def _as_spec(obj: Any, package: str | None) -> StageSpec:

@@ -84,9 +84,9 @@ class Run:
     """
 
     def __init__(self, pipeline: Pipeline, start_values: dict[str, Any],
-                 listeners: tuple[Listener, ...] = ()) -> None:
+                 listeners: tuple[Listener, ...] = (), trace: Trace | None = None) -> None:
         self.pipeline = pipeline
-        self.trace = Trace()
+        self.trace = Trace() if trace is None else trace
         self.outputs = Outputs(self)
         self.state = "started"
         self.kv_generation = 0

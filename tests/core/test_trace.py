@@ -92,3 +92,17 @@ def test_json_round_trip_keeps_durations_exactly():
     back = Trace.from_dict(json.loads(json.dumps(t.to_dict())))
     assert back.durations() == t.durations()
     assert abs(back.events[0].start - t.events[0].start) < 1e-9
+
+
+def test_runs_can_share_one_trace_with_host_spans():
+    p = build()
+    shared = Trace()
+    with shared.span("load weights", phase="vllm"):
+        pass
+    first = p.start(trace=shared)
+    first.load(model=0)
+    first.close()
+    second = p.start(trace=shared)
+    second.load(model=0)
+    assert second.trace is shared
+    assert [e.name for e in shared.events] == ["load weights", "a", "b", "c", "a", "b", "c"]
