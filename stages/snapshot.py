@@ -7,7 +7,7 @@ into JSON-able values: class names (dynamic backend subclasses by name), specs, 
 view's shape/stride/dtype/storage offset and which views share storage, each layer's bound
 ``kv_cache``, attention groups with their builders' classes and scalar settings, kernel and
 input-batch block sizes, cudagraph mode and dispatcher keys, the runner-only / shared /
-fast-prefill sets, and which KV blocks hold non-zero data. Replaces nothing in vLLM.
+fast-prefill sets, which KV blocks hold non-zero data and a digest of the KV bytes. Replaces nothing in vLLM.
 """
 
 from __future__ import annotations
@@ -103,6 +103,18 @@ def _nonzero_blocks(t: Any) -> list[int]:
     return torch.nonzero(flat.ne(0).any(dim=1)).flatten().tolist()
 
 
+def _digest(t: Any) -> str | None:
+    """sha256 of a KV view's bytes: equal digests mean bit-identical KV contents."""
+    import hashlib
+
+    import torch
+
+    if not isinstance(t, torch.Tensor) or not t.numel():
+        return None
+    data = t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
 def _vllm_base(cls: type) -> str:
     for c in cls.__mro__:
         if c.__module__.startswith("vllm."):
@@ -173,6 +185,7 @@ def runner_snapshot(runner: Any, *, blocks: bool = True) -> dict[str, Any]:
                                    for bt in batch.block_table.block_tables]}
     if blocks:
         snap["nonzero_blocks"] = [_nonzero_blocks(t) for t in kv_list]
+        snap["kv_digest"] = [_digest(t) for t in kv_list]
     return snap
 
 
