@@ -137,7 +137,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as JSON-ready builtins (tuples become lists)."""
-        return attrs.asdict(self, retain_collection_types=False)
+        return attrs.asdict(self)
 
     def summary(self) -> str:
         """A human-readable report (what ``initpipe plan`` prints without ``--json``)."""
@@ -432,8 +432,8 @@ def _notes(backend: str, platform: Any, cfg: Any) -> tuple[str, ...]:
         notes += [
             f"{backend} planned on the CPU platform with CUDA's block-size rules and "
             f"compute capability {ASSUMED_CAPABILITY[0]}.{ASSUMED_CAPABILITY[1]} assumed.",
-            "FlashAttention's version is not detected here: its cudagraph support reads "
-            "UNIFORM_BATCH (FA3 on a GPU: ALWAYS).",
+            *(["FlashAttention's version is not detected here: its cudagraph support reads "
+               "UNIFORM_BATCH (FA3 on a GPU: ALWAYS)."] if backend == "FLASH_ATTN" else []),
             "cudagraphs stay off (enforce_eager); the CUDA-graph profiling pass is not planned.",
             f"batch defaults follow CPU rules (max_num_seqs={sched.max_num_seqs}, "
             f"max_num_batched_tokens={sched.max_num_batched_tokens}): pass the target GPU's "
@@ -496,15 +496,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _quiet_vllm_logs() -> None:
-    """vLLM logs to stdout; send it to stderr so stdout holds only the plan."""
-    import logging
-
-    for handler in logging.getLogger("vllm").handlers:
-        if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stdout:
-            handler.setStream(sys.stderr)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``initpipe plan``: print what a worker would allocate; returns the exit status.
 
@@ -524,15 +515,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except SystemExit as exit_:  # --help
         return int(exit_.code or 0)
+    # vLLM logs (and prints) to stdout: send both to stderr so stdout holds only the plan.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
-        import vllm  # noqa: F401
-
-        _quiet_vllm_logs()
-        result = plan(args.model, args.num_blocks, args.kv_bytes, args.backend,
-                      dtype=args.dtype, max_model_len=args.max_model_len,
-                      max_num_seqs=args.max_num_seqs,
-                      max_num_batched_tokens=args.max_num_batched_tokens,
-                      block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype)
+        with contextlib.redirect_stdout(sys.stderr):
+            result = plan(args.model, args.num_blocks, args.kv_bytes, args.backend,
+                          dtype=args.dtype, max_model_len=args.max_model_len,
+                          max_num_seqs=args.max_num_seqs,
+                          max_num_batched_tokens=args.max_num_batched_tokens,
+                          block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype)
     except Exception as err:  # every failure is reported in one line, with its cause
         cause = err.__cause__ if err.__cause__ is not None else None
         detail = f" (caused by {type(cause).__name__}: {cause})" if cause else ""

