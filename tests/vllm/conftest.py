@@ -1,0 +1,72 @@
+"""Shared fixtures for the vLLM catalog tests: real tiny configs, loaded runners, KV configs.
+
+Everything here builds real vLLM objects (no mocks): a ``VllmConfig`` from a tiny
+``config.json``, a world-size-1 gloo group, a loaded runner (stock or pipelined) with the
+executor's block-size update applied, and the engine's planned ``KVCacheConfig``.
+Engine-level comparisons run in subprocesses (see ``test_engine_equivalence.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+pytest.importorskip("vllm")
+
+from initpipe_vllm.runner import pipelined_runner_class  # noqa: E402
+from initpipe_vllm.testing import build_runner, plan_kv_cache_config, tiny_vllm_config  # noqa: E402
+
+
+@contextmanager
+def current(runner: Any) -> Iterator[None]:
+    """``set_current_vllm_config`` for the runner's config (the worker does the same)."""
+    from vllm.config import set_current_vllm_config
+
+    with set_current_vllm_config(runner.vllm_config):
+        yield
+
+
+class Made:
+    """A loaded runner plus its planned engine KV config."""
+
+    def __init__(self, runner: Any, kv_cache_config: Any) -> None:
+        self.runner = runner
+        self.cfg = runner.vllm_config
+        self.kv_cache_config = kv_cache_config
+
+    def current(self) -> Any:
+        return current(self.runner)
+
+
+@pytest.fixture
+def make() -> Callable[..., Made]:
+    """``make(model, pipelined=False, plan=True, **engine_overrides)`` -> :class:`Made`."""
+
+    def _make(model: str, *, pipelined: bool = False, plan: bool = True,
+              update_block_size: bool = True, **overrides: Any) -> Made:
+        cfg = tiny_vllm_config(model, **overrides)
+        cls = pipelined_runner_class() if pipelined else None
+        runner = build_runner(cfg, cls, update_block_size=update_block_size)
+        kv = plan_kv_cache_config(runner) if plan else None
+        return Made(runner, kv)
+
+    return _make
+
+
+@pytest.fixture
+def model_inputs() -> Callable[[Made], dict[str, Any]]:
+    """Run the catalog's model phase on a stock runner's model; return all its outputs."""
+    from initpipe_vllm import catalog
+    from initpipe_vllm.runner import start_inputs
+
+    def _run(made: Made) -> dict[str, Any]:
+        run = catalog().start(**start_inputs(made.runner))
+        with made.current():
+            return dict(run.load(model=made.runner.model))
+
+    return _run
