@@ -61,23 +61,28 @@ import contextlib
 import os
 import re
 import sys
-import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
 from initpipe import KV, MODEL, Pipeline
 
+from .plan_meta import (
+    ASSUMED_CAPABILITY,
+    engine_config,
+    ensure_distributed,
+    meta_model,
+    meta_runner,
+    target_platform,
+)
 from .plan_stages import PLAN_STAGES
 
 __all__ = ["BACKENDS", "GroupPlan", "LayerPlan", "Plan", "main", "plan", "planning_pipeline"]
 
 #: Backends ``plan`` accepts; FLASH_ATTN and TRITON_ATTN are planned with CUDA's rules.
 BACKENDS = ("FLASH_ATTN", "TRITON_ATTN", "CPU_ATTN")
-#: Compute capability assumed when validating a CUDA backend on a host without one.
-ASSUMED_CAPABILITY = (9, 0)
 _START_EXTRA = ("target_platform",)
 _KV_FROM_PLAN = ("kv_cache_config", "kv_cache_layout", "max_model_len")
 
@@ -192,112 +197,6 @@ def planning_pipeline() -> Pipeline:
                     name="initpipe_vllm.plan")
 
 
-# -- building the pieces on meta ------------------------------------------------------------
-def _engine_config(model_dir: str, backend: str | None, **overrides: Any) -> Any:
-    from vllm.engine.arg_utils import EngineArgs
-
-    given = {k: v for k, v in overrides.items() if v is not None}
-    args = EngineArgs(model=model_dir, load_format="dummy", skip_tokenizer_init=True,
-                      enforce_eager=True, **given)
-    cfg = args.create_engine_config()
-    if backend is not None:
-        from vllm.v1.attention.backends.registry import AttentionBackendEnum
-
-        cfg.attention_config.backend = AttentionBackendEnum[backend]
-    return cfg
-
-
-def _ensure_distributed() -> None:
-    """A world-size-1 gloo group and TP = PP = 1 model-parallel groups (once per process)."""
-    import torch.distributed as dist
-    from vllm.distributed import (
-        ensure_model_parallel_initialized,
-        init_distributed_environment,
-    )
-    from vllm.distributed.parallel_state import model_parallel_is_initialized
-
-    if model_parallel_is_initialized():
-        return
-    if not dist.is_initialized():
-        store = os.path.join(tempfile.mkdtemp(prefix="initpipe-plan-"), "store")
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method=f"file://{store}")
-    ensure_model_parallel_initialized(1, 1)
-
-
-def _needs_override(backend: str | None) -> bool:
-    from vllm.platforms import current_platform
-
-    return backend is not None and current_platform.is_cpu() and backend != "CPU_ATTN"
-
-
-@contextlib.contextmanager
-def _platform_answers(backend: str | None) -> Iterator[None]:
-    """While building the model, the platform answers ``backend`` as CUDA would."""
-    if not _needs_override(backend):
-        yield
-        return
-    from vllm.platforms import current_platform
-    from vllm.platforms.interface import DeviceCapability
-    from vllm.v1.attention import selector
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
-
-    wanted = AttentionBackendEnum[backend]
-    platform_cls = type(current_platform)
-    original = platform_cls.__dict__["get_attn_backend_cls"]
-
-    def get_attn_backend_cls(cls: Any, selected_backend: Any, attn_selector_config: Any,
-                             num_heads: int | None = None) -> str:
-        if attn_selector_config.use_mla or attn_selector_config.use_sparse:
-            raise NotImplementedError(f"planning {backend} for MLA or sparse attention "
-                                      f"layers is not supported on a CPU host.")
-        reasons = wanted.get_class().validate_configuration(
-            device_capability=DeviceCapability(*ASSUMED_CAPABILITY),
-            **attn_selector_config._asdict())
-        if reasons:
-            raise ValueError(f"Selected backend {backend} is not valid for this "
-                             f"configuration. Reason: {reasons}")
-        return wanted.get_path()
-
-    selector._cached_get_attn_backend.cache_clear()
-    platform_cls.get_attn_backend_cls = classmethod(get_attn_backend_cls)
-    try:
-        yield
-    finally:
-        platform_cls.get_attn_backend_cls = original
-        selector._cached_get_attn_backend.cache_clear()
-
-
-def _target_platform(backend: str | None) -> type:
-    from vllm.platforms import current_platform
-    from vllm.platforms.interface import Platform
-
-    # CudaPlatform keeps Platform.update_block_size_for_backend in 0.32.0 (and cannot be
-    # imported from the CPU build), so the base class carries CUDA's block-size rules.
-    return Platform if _needs_override(backend) else type(current_platform)
-
-
-def _meta_model(vllm_config: Any, backend: str | None) -> Any:
-    import torch
-    from vllm.model_executor.model_loader.utils import initialize_model
-    from vllm.utils.torch_utils import set_default_torch_dtype
-
-    with _platform_answers(backend), set_default_torch_dtype(vllm_config.model_config.dtype), \
-            torch.device("meta"):
-        return initialize_model(vllm_config)
-
-
-def _meta_runner(vllm_config: Any) -> Any:
-    import torch
-    from vllm.platforms import current_platform
-
-    if current_platform.is_cpu():
-        import vllm.v1.worker.cpu_worker  # noqa: F401  (placeholder streams/events)
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    return GPUModelRunner(vllm_config, torch.device("meta"))
-
-
 # -- plan -----------------------------------------------------------------------------------
 def plan(model_dir: str | os.PathLike[str], num_blocks: int | None = None,
          kv_bytes: int | None = None, backend: str | None = None, *,
@@ -341,17 +240,17 @@ def plan(model_dir: str | os.PathLike[str], num_blocks: int | None = None,
 
     from .runner import kv_inputs, start_inputs
 
-    cfg = _engine_config(model_dir, backend, dtype=dtype, max_model_len=max_model_len,
+    cfg = engine_config(model_dir, backend, dtype=dtype, max_model_len=max_model_len,
                          max_num_seqs=max_num_seqs, block_size=block_size,
                          max_num_batched_tokens=max_num_batched_tokens,
                          kv_cache_dtype=kv_cache_dtype)
     pipeline = planning_pipeline()
     with set_current_vllm_config(cfg):
-        _ensure_distributed()
-        model = _meta_model(cfg, backend)
-        runner = _meta_runner(cfg)
+        ensure_distributed()
+        model = meta_model(cfg, backend)
+        runner = meta_runner(cfg)
         t_setup = time.perf_counter()
-        start = start_inputs(runner) | {"target_platform": _target_platform(backend)}
+        start = start_inputs(runner) | {"target_platform": target_platform(backend)}
         batch = kv_inputs(runner, None)
         with pipeline.start(**start) as run:
             model_out = run.load(model=model)

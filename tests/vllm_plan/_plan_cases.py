@@ -44,6 +44,12 @@ def main() -> None:
                           max_model_len=256, max_num_seqs=4)
     out["tiny_fa_fp32"] = case(model_dir=tiny, num_blocks=512, backend="FLASH_ATTN", **TINY_ARGS)
     out["tiny_too_small"] = case(model_dir=tiny, kv_bytes=1 << 10, **TINY_ARGS)
+    # Sliding window + cross-layer KV sharing (the catalog's tiny Gemma 4), when present.
+    gemma = os.path.join(os.path.dirname(tiny), "tiny-gemma4-kvshare")
+    if os.path.isdir(gemma):
+        for backend in ("FLASH_ATTN", "CPU_ATTN"):
+            out[f"gemma4_{backend}"] = case(model_dir=gemma, num_blocks=64, backend=backend,
+                                            max_model_len=256)
     for backend in ("FLASH_ATTN", "TRITON_ATTN", "CPU_ATTN"):
         rss0, t0 = _rss_mib(), time.perf_counter()
         result = case(model_dir=big, num_blocks=100_000, backend=backend)

@@ -158,6 +158,26 @@ def test_flash_attn_plan_uses_cuda_block_size_and_default_layout(runs: dict[str,
 
 
 @needs_vllm
+def test_specs_and_aliases_follow_the_planned_backend(runs: dict[str, Any]) -> None:
+    """Sliding-window specs are computed for the planned backend; KV-sharing layers alias."""
+    if "gemma4_FLASH_ATTN" not in runs["cases"]:
+        pytest.skip("the catalog's tiny-gemma4-kvshare model is not present")
+    fa, cpu = _ok(runs, "gemma4_FLASH_ATTN"), _ok(runs, "gemma4_CPU_ATTN")
+    sw = {p["backend"]: next(g for g in p["groups"] if g["spec"] == "SlidingWindowSpec")
+          for p in (fa, cpu)}
+    assert sw["FLASH_ATTN"]["block_size"] != sw["CPU_ATTN"]["block_size"]
+    assert {a["backend"] for g in fa["groups"] for a in g["attention"]} == {"FLASH_ATTN"}
+    for p in (fa, cpu):
+        by_name = {lp["name"]: lp for lp in p["layers"]}
+        sharing = [lp for lp in p["layers"] if lp["shares"]]
+        assert sharing, "expected KV-sharing layers"
+        for lp in sharing:
+            target = by_name[lp["shares"]]
+            assert (lp["shape"], lp["stride"], lp["bytes"]) == (
+                target["shape"], target["stride"], target["bytes"])
+
+
+@needs_vllm
 def test_flash_attn_refuses_a_float32_model_as_cuda_would(runs: dict[str, Any]) -> None:
     assert "dtype not supported" in runs["cases"]["tiny_fa_fp32"]["error"]
 
