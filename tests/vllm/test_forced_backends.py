@@ -1,0 +1,92 @@
+"""The KV phase with the backend forced to FLASH_ATTN, TRITON_ATTN and CPU_ATTN.
+
+The CPU platform picks CPU_ATTN for every layer. To exercise the FlashAttention and Triton
+metadata builders here, the pipelined side replaces the ``attn_backends`` stage with a
+wrapper that swaps the class; the stock side is a second runner whose layers'
+``attn_backend`` was patched the same way, initialized by vLLM's own runner methods. Both
+get the same engine ``KVCacheConfig``, so the block size (128) and the KV layout (LBHNC)
+stay the CPU platform's — only the backend classes, their kernel block sizes, builders
+and cudagraph support differ from a CPU run. Builders construct with ``device=cpu``;
+``build()`` and the kernels are not exercised (they need CUDA/Triton).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from initpipe import MODEL, stage
+
+from initpipe_vllm import catalog
+from initpipe_vllm.model_phase import attn_backends as real_attn_backends
+from initpipe_vllm.runner import pipelined_runner_class
+from initpipe_vllm.snapshot import diff_snapshots, runner_snapshot
+from initpipe_vllm.testing import build_runner, plan_kv_cache_config, tiny_vllm_config
+
+BUILDERS = {"FLASH_ATTN": "FlashAttentionMetadataBuilder",
+            "TRITON_ATTN": "TritonAttentionMetadataBuilder",
+            "CPU_ATTN": "CPUAttentionMetadataBuilder"}
+
+
+def _backend(name: str) -> type:
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    return AttentionBackendEnum[name].get_class()
+
+
+def forced(name: str):
+    """A replacement ``attn_backends`` stage: the real one, then every Attention layer forced."""
+
+    @stage(needs=MODEL, name="attn_backends", provides="attn_backends")
+    def forced_attn_backends(attention_layers, kv_sharing_fast_prefill_eligible_layers):
+        """The per-layer backends with every ``Attention`` layer forced to one backend."""
+        from vllm.model_executor.layers.attention import Attention
+
+        out = real_attn_backends(attention_layers, kv_sharing_fast_prefill_eligible_layers)
+        cls = _backend(name)
+        return {n: cls if isinstance(attention_layers[n], Attention) else b
+                for n, b in out.items()}
+
+    return forced_attn_backends
+
+
+def _without_layer_backends(snap):
+    # The stock runner's layers were patched; the pipelined runner's layers keep CPU_ATTN.
+    return {**snap, "layers": {n: {k: v for k, v in d.items() if k != "backend"}
+                               for n, d in snap["layers"].items()}}
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-gemma2"])
+@pytest.mark.parametrize("backend", ["FLASH_ATTN", "TRITON_ATTN", "CPU_ATTN"])
+def test_forced_backend_kv_phase_matches_stock_runner_methods(model, backend) -> None:
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.attention import Attention
+
+    cls = _backend(backend)
+    stock_cfg = tiny_vllm_config(model)
+    stock = build_runner(stock_cfg)
+    kv = plan_kv_cache_config(stock)                 # planned with the CPU backends
+    for layer in stock_cfg.compilation_config.static_forward_context.values():
+        if isinstance(layer, Attention):
+            layer.attn_backend = cls
+    piped_cfg = tiny_vllm_config(model)
+    pipeline = catalog().replace("attn_backends", forced(backend))
+    piped = build_runner(piped_cfg, pipelined_runner_class(), pipeline=pipeline)
+    plan_kv_cache_config(piped)                      # layout + model phase, as the engine does
+
+    with set_current_vllm_config(stock_cfg):
+        stock.initialize_kv_cache(copy.deepcopy(kv))
+    with set_current_vllm_config(piped_cfg):
+        piped.initialize_kv_cache(copy.deepcopy(kv))
+
+    a = _without_layer_backends(runner_snapshot(stock))
+    b = _without_layer_backends(runner_snapshot(piped))
+    assert diff_snapshots(a, b) == []
+    groups = [g for gs in b["attn_groups"] for g in gs]
+    assert {g["backend"] for g in groups} == {backend}
+    assert {g["builders"][0]["class"] for g in groups} == {BUILDERS[backend]}
+    assert b["kv_cache_layout"] == "LBHNC" and b["block_size"] == 128
+    assert b["kernel_block_sizes"] == [128] * len(b["attn_groups"])
+    if backend == "TRITON_ATTN":                     # scratch tensors on the config's device
+        settings = groups[0]["builders"][0]["settings"]
+        assert any(isinstance(v, dict) and "tensor" in v for v in settings.values())
