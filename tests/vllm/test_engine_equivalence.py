@@ -23,7 +23,8 @@ from initpipe_vllm.testing import model_dir
 GROUPS = {
     "attention": ["tiny-llama", "tiny-gemma2", "tiny-bert", "tiny-gemma4-kvshare",
                   "tiny-gemma4-fastprefill"],
-    "hybrid": ["tiny-deepseek-mla", "tiny-nemotron-h", "tiny-lfm2"],
+    # MLA, Mamba2 hybrid, short-conv hybrid, attention sinks + MoE + sliding window.
+    "hybrid": ["tiny-deepseek-mla", "tiny-nemotron-h", "tiny-lfm2", "tiny-gpt-oss"],
 }
 
 
