@@ -20,10 +20,9 @@ Replaces, in ``vllm/v1/worker/gpu_model_runner.py`` (``GPUModelRunner``):
 - ``prepare_kernel_block_sizes`` (K5, :func:`kernel_block_sizes`);
 - ``initialize_metadata_builders`` and ``calculate_reorder_batch_threshold`` (K6,
   :func:`metadata_builders`, :func:`reorder_batch_threshold`, :func:`drafter_attn_groups`);
-- ``may_reinitialize_input_batch`` (K7, :func:`reinitialize_input_batch`);
-- ``initialize_kv_cache_tensors`` (K8: :func:`allocated_kv_caches`, :func:`kv_caches`,
-  :func:`runner_kv_caches`); the extract-hidden-states check (K9) and the KV connector
-  registration (K10).
+- ``may_reinitialize_input_batch`` (K7, :func:`reinitialize_input_batch`).
+
+The tensor half (K8 allocation, aliasing, binding; K9; K10) is in :mod:`.kv_tensors`.
 
 The math is vLLM's: ``AttentionGroup``, ``prepare_kernel_block_sizes``,
 ``allocate_kv_cache``, ``bind_kv_cache``, ``add_kv_sharing_layers_to_kv_cache_groups``
@@ -60,11 +59,6 @@ __all__ = [
     "reorder_batch_threshold",
     "drafter_attn_groups",
     "reinitialize_input_batch",
-    "allocated_kv_caches",
-    "kv_caches",
-    "runner_kv_caches",
-    "extract_hidden_states_check",
-    "kv_connector_registration",
 ]
 
 KV = "kv_cache_config"

@@ -7,6 +7,9 @@ K10 KV connector registration) in ``vllm/v1/worker/gpu_model_runner.py``. The ma
 vLLM's ``allocate_kv_cache``, ``map_kv_caches_to_kernel_blocks`` and ``bind_kv_cache``
 (``vllm/v1/worker/utils.py``).
 
+Teardowns run in reverse: unbind the layers, drop the aliases, then drop the views and
+empty the allocator's cache, so KV memory is back at baseline after a KV teardown.
+
 The device always comes from the ``device`` input and the layout from the
 ``kv_cache_layout`` KV input (the engine resolves it between the phases). torch and vllm
 are imported inside the stage bodies only.
@@ -15,6 +18,7 @@ are imported inside the stage bodies only.
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +54,16 @@ def resolve_layout(kv_cache_layout: Any, vllm_config: VllmConfig) -> Any:
         raise KVCacheConfigError(msg, field="kv_cache_layout") from None
 
 
-@stage(needs=KV)
+def _release_allocation(allocated_kv_caches: dict[str, Any]) -> None:
+    """Drop the views; once layers and runner let go too, return the memory to the pool."""
+    import torch
+
+    allocated_kv_caches.clear()
+    gc.collect()
+    torch.accelerator.empty_cache()
+
+
+@stage(needs=KV, teardown=_release_allocation)
 def allocated_kv_caches(vllm_config: VllmConfig, device: Any,
                         runner_kv_cache_config: KVCacheConfig, kernel_block_sizes: list[int],
                         kv_cache_layout: Any, kv_cache_allocation_context: Any,
@@ -68,7 +81,11 @@ def allocated_kv_caches(vllm_config: VllmConfig, device: Any,
         return allocate_kv_cache(runner_kv_cache_config, device, layout, kernel_block_sizes)
 
 
-@stage(needs=KV)
+def _release_aliases(kv_caches: dict[str, Any]) -> None:
+    kv_caches.clear()
+
+
+@stage(needs=KV, teardown=_release_aliases)
 def kv_caches(allocated_kv_caches: Mapping[str, Any],
               shared_kv_cache_layers: Mapping[str, str]) -> dict[str, Any]:
     """The per-layer KV views with each KV-sharing layer aliased to its target's view."""

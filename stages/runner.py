@@ -194,11 +194,10 @@ class PipelinedRunnerMixin:
             apply_kv_outputs(self, model, outputs)
 
     def _initpipe_release_kv(self) -> None:
-        try:
-            if self.initpipe_run.state != "closed":
-                self.initpipe_run.teardown_kv_cache()
-        finally:
-            clear_kv_state(self)
+        # The runner lets go first, so the allocation's teardown can return the memory.
+        clear_kv_state(self)
+        if self.initpipe_run.state != "closed":
+            self.initpipe_run.teardown_kv_cache()
 
     def _cleanup_profiling_kv_cache(self) -> None:
         """Tear the KV phase down (reverse teardowns), as vLLM's cleanup leaves the runner."""

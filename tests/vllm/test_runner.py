@@ -84,6 +84,14 @@ def test_teardown_leaves_the_runner_as_vllms_cleanup(make) -> None:
     assert piped.runner.initpipe_run.completed(KV) == []
 
 
+def test_kv_teardown_returns_the_kv_memory(make) -> None:
+    piped = make("tiny-nemotron-h", pipelined=True)
+    _init(piped)
+    views = [weakref.ref(t) for t in piped.runner.kv_caches]
+    piped.runner._cleanup_profiling_kv_cache()
+    assert [v() for v in views] == [None] * len(views)
+
+
 def test_model_phase_runs_at_get_kv_cache_spec_with_the_final_block_size(make) -> None:
     """The trap: vLLM fixes the block size after load_model; the specs must see it."""
     piped = make("tiny-llama", pipelined=True, plan=False, update_block_size=False)
