@@ -90,3 +90,51 @@ def test_forced_backend_kv_phase_matches_stock_runner_methods(model, backend) ->
     if backend == "TRITON_ATTN":                     # scratch tensors on the config's device
         settings = groups[0]["builders"][0]["settings"]
         assert any(isinstance(v, dict) and "tensor" in v for v in settings.values())
+
+
+def test_cudagraph_resolution_with_flash_attention_matches_stock_and_survives_teardown() -> None:
+    """A configured FULL mode meets FlashAttention's UNIFORM_BATCH support (as on a GPU
+    without FA3): both runners downgrade to FULL_DECODE_ONLY and build the same keys; the
+    KV teardown clears the keys and keeps the resolved mode, and the re-run resolves the
+    same mode and keys again (resolution is a fixed point)."""
+    from vllm.config import CUDAGraphMode, set_current_vllm_config
+    from vllm.model_executor.layers.attention import Attention
+
+    def full(cfg):
+        cc = cfg.compilation_config
+        cc.cudagraph_mode = CUDAGraphMode.FULL
+        cc.cudagraph_capture_sizes, cc.max_cudagraph_capture_size = [1, 2, 4], 4
+
+    stock_cfg, piped_cfg = tiny_vllm_config("tiny-llama"), tiny_vllm_config("tiny-llama")
+    stock = build_runner(stock_cfg)
+    kv = plan_kv_cache_config(stock)
+    for layer in stock_cfg.compilation_config.static_forward_context.values():
+        if isinstance(layer, Attention):
+            layer.attn_backend = _backend("FLASH_ATTN")
+    piped = build_runner(piped_cfg, pipelined_runner_class(),
+                         pipeline=catalog().replace("attn_backends", forced("FLASH_ATTN")))
+    plan_kv_cache_config(piped)
+    full(stock_cfg), full(piped_cfg)
+
+    def init_both():
+        for cfg, runner in ((stock_cfg, stock), (piped_cfg, piped)):
+            with set_current_vllm_config(cfg):
+                runner.initialize_kv_cache(copy.deepcopy(kv))
+        a, b = runner_snapshot(stock), runner_snapshot(piped)
+        assert diff_snapshots(_without_layer_backends(a), _without_layer_backends(b)) == []
+        return b
+
+    first = init_both()
+    assert first["cudagraph_mode"] == "CUDAGraphMode.FULL_DECODE_ONLY"
+    assert len(first["dispatcher"]["keys"]["FULL"]) == 3
+    piped._cleanup_profiling_kv_cache()
+    assert piped.cudagraph_dispatcher.keys_initialized is False
+    assert not any(piped.cudagraph_dispatcher.cudagraph_keys.values())
+    assert piped_cfg.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
+    for keys in stock.cudagraph_dispatcher.cudagraph_keys.values():   # vLLM's profiling end
+        keys.clear()
+    stock.cudagraph_dispatcher.keys_initialized = False
+    stock._cleanup_profiling_kv_cache()
+    for cfg in (stock_cfg, piped_cfg):         # the worker sets it before each real KV init
+        cfg.cache_config.num_gpu_blocks = kv.num_blocks
+    assert init_both() == first
