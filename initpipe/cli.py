@@ -71,6 +71,10 @@ def _graph(args: argparse.Namespace) -> int:
 #: Subcommands that live with the vLLM catalog and own their flags: name -> (module whose
 #: ``main(argv)`` runs them, one-line help). The core knows them only by module name.
 DELEGATED: dict[str, tuple[str, str]] = {
+    "run": ("initpipe_vllm.main_job", "the main job: start a real vLLM engine on the embedded "
+                                      "tiny model through the pipeline, stage by stage"),
+    "worker-cls": ("initpipe_vllm.plugin", "print the worker class to pass to vLLM "
+                                           "(worker_cls= / --worker-cls)"),
     "plan": ("initpipe_vllm.plan", "what a vLLM worker would allocate for a model config, "
                                    "planned on the meta device (no GPU, no KV memory)"),
 }

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any
 
-__all__ = ["ENV_VAR", "PIPELINED_WORKER", "STOCK_WORKERS", "enabled", "register"]
+__all__ = ["ENV_VAR", "PIPELINED_WORKER", "STOCK_WORKERS", "enabled", "main", "register"]
 
 # Under vLLM's logger tree, so the lines use vLLM's handler, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.initpipe")
@@ -59,3 +60,20 @@ def register() -> None:
 
     platform_cls.check_and_update_config = classmethod(check_and_update_config)
     setattr(platform_cls, _PATCHED, True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``initpipe worker-cls``: print the qualname to pass to vLLM (``--usage`` explains)."""
+    argv = list(argv or [])
+    if argv in ([], ["--qualname"]):
+        print(PIPELINED_WORKER)
+        return 0
+    if argv in (["--usage"], ["-h"], ["--help"]):
+        print(f"usage: initpipe worker-cls [--usage]\n\n"
+              f"  LLM(..., worker_cls=\"{PIPELINED_WORKER}\")\n"
+              f"  vllm serve MODEL --worker-cls {PIPELINED_WORKER}\n"
+              f"  or, with no code change: {ENV_VAR}=1 vllm serve MODEL")
+        return 0
+    print(f"Error: unknown arguments {argv}; try `initpipe worker-cls --usage`",
+          file=sys.stderr)
+    return 2

@@ -1,0 +1,180 @@
+"""``initpipe run``: start a real vLLM engine through the pipeline and show what happened.
+
+What belongs here: the main job only. It starts vLLM in-process on a local model folder
+(default: the tiny Llama shipped in ``initpipe_vllm/models/tiny-llama``: config.json only,
+dummy weights, 8 MiB of KV cache) with ``initpipe_vllm.worker.PipelinedWorker``, prints
+each stage as it runs, generates tokens for a few fixed token-id prompts, and prints a
+summary: stage timings, the critical path and the KV bytes per layer. ``--compare-stock``
+also runs stock vLLM on the same config and exits 1 unless the tokens and the runner
+snapshot (:func:`~initpipe_vllm.snapshot.runner_snapshot`) match, printing what differs.
+Replaces nothing in vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DEFAULT_MODEL", "main"]
+
+DEFAULT_MODEL = Path(__file__).resolve().parent / "models" / "tiny-llama"
+
+
+def _say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def _print_event(event: Any) -> None:
+    what = event.name if event.kind == "stage" else f"{event.kind} {event.name}"
+    mark = "" if event.outcome == "ok" else f"  {event.outcome.upper()}: {event.error}"
+    _say(f"  [{event.phase:15}] {what:44} {event.duration * 1e3:9.3f} ms{mark}")
+
+
+# -- run inside the worker (collective_rpc passes the worker first) -----------------------
+def _summary(worker: Any) -> dict[str, Any]:
+    runner = worker.model_runner
+    run = runner.initpipe_run
+    kv = run.outputs["kv_caches"] if "kv_caches" in run.outputs else {}
+    storages: dict[int, str] = {}
+    layers = []
+    for name, t in kv.items():
+        key = t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
+        alias = storages.setdefault(key, name)
+        layers.append({"layer": name, "shape": list(t.shape), "dtype": str(t.dtype),
+                       "bytes": t.numel() * t.element_size(),
+                       "shares_with": alias if alias != name else None})
+    events = [e.to_dict() for e in run.trace.events]
+    return {"events": events, "critical_path": run.critical_path(), "layers": layers,
+            "runner_class": type(runner).__name__, "num_blocks": runner.kv_cache_config.num_blocks}
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    stages = [e for e in summary["events"] if e["kind"] == "stage"]
+    spans = [e for e in summary["events"] if e["kind"] == "span"]
+    _say("\nstage timings (latest run of each stage, ms):")
+    latest: dict[str, dict[str, Any]] = {e["name"]: e for e in stages}
+    for e in sorted(latest.values(), key=lambda e: -e["duration"]):
+        _say(f"  {e['phase']:16} {e['name']:44} {e['duration'] * 1e3:9.3f}")
+    if spans:
+        _say("\nvLLM steps outside the DAG (ms):")
+        for e in spans:
+            _say(f"  {e['name']:61} {e['duration'] * 1e3:9.3f}")
+    path = summary["critical_path"]
+    total = sum(d for _, d in path)
+    _say(f"\ncritical path ({total * 1e3:.3f} ms): " + " -> ".join(n for n, _ in path))
+    _say(f"\nKV cache: {summary['num_blocks']} blocks per layer")
+    counted = 0
+    for layer in summary["layers"]:
+        share = f"  (shares {layer['shares_with']})" if layer["shares_with"] else ""
+        counted += 0 if layer["shares_with"] else layer["bytes"]
+        _say(f"  {layer['layer']:44} {str(tuple(layer['shape'])):22} {layer['dtype']:14} "
+             f"{layer['bytes']:>12,} B{share}")
+    _say(f"  total (distinct)  {counted:,} B")
+
+
+def _start(model: Path, pipelined: bool, kv_bytes: int) -> Any:
+    from vllm import LLM
+
+    from .equivalence import PIPELINED_WORKER, engine_kwargs
+
+    kwargs, opts = engine_kwargs(model, kv_cache_memory_bytes=kv_bytes)
+    if pipelined:
+        kwargs["worker_cls"] = PIPELINED_WORKER
+    return LLM(**kwargs), opts.get("task", "generate")
+
+
+def _stop(llm: Any) -> None:
+    core = getattr(llm.llm_engine, "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
+
+
+def _observe(llm: Any, task: str) -> dict[str, Any]:
+    from .equivalence import PROMPTS_A, _snapshot, _workload
+
+    init = llm.collective_rpc(_snapshot)[0]
+    outputs = _workload(llm, task, PROMPTS_A)
+    return {"init": init, "outputs": outputs, "after": llm.collective_rpc(_snapshot)[0]}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="initpipe run", description=__doc__.splitlines()[0])
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, metavar="DIR",
+                   help="a local model folder with config.json (default: the embedded tiny "
+                        "Llama); dummy weights are used")
+    p.add_argument("--trace", type=Path, metavar="FILE",
+                   help="write the trace (JSON) to FILE and a Chrome trace beside it")
+    p.add_argument("--compare-stock", action="store_true",
+                   help="also run stock vLLM; exit 1 unless tokens and runner state match")
+    p.add_argument("--kv-bytes", type=int, default=8 << 20, metavar="B",
+                   help="KV cache size in bytes (default: 8 MiB)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the main job; return 0 on success, 1 on a stage failure or a stock mismatch."""
+    args = _parser().parse_args(argv)
+    if not (args.model / "config.json").is_file():
+        print(f"Error: --model {args.model}: no config.json in that folder", file=sys.stderr)
+        return 2
+    if args.kv_bytes <= 0:
+        print("Error: --kv-bytes must be a positive number of bytes", file=sys.stderr)
+        return 2
+    # In-process engine: the StageError itself reaches us, and startup is ~10 s faster.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if args.trace is not None:
+        os.environ["INITPIPE_TRACE"] = str(args.trace)
+    from initpipe import StageError
+
+    from . import progress
+    from .snapshot import diff_snapshots
+
+    _say(f"initpipe run: {args.model} through initpipe_vllm.worker.PipelinedWorker")
+    progress.add_listener(_print_event)
+    try:
+        llm, task = _start(args.model, pipelined=True, kv_bytes=args.kv_bytes)
+    except StageError as err:
+        _say(f"\nFAILED: {err}")
+        return 1
+    finally:
+        progress.remove_listener(_print_event)
+    try:
+        piped = _observe(llm, task)
+        summary = llm.collective_rpc(_summary)[0]
+    finally:
+        _stop(llm)
+        del llm
+        gc.collect()
+    _say(f"\n{task} outputs for {len(piped['outputs'])} fixed prompts:")
+    for i, out in enumerate(piped["outputs"]):
+        shown = out if task == "generate" else f"[{len(out)} floats] {out[:4]} ..."
+        _say(f"  prompt {i}: {shown}")
+    _print_summary(summary)
+    if args.trace is not None:
+        _say(f"\ntrace: {args.trace} (and {progress.trace_paths()[1]})")
+    if not args.compare_stock:
+        return 0
+    _say("\n--compare-stock: starting stock vLLM on the same config ...")
+    stock_llm, _ = _start(args.model, pipelined=False, kv_bytes=args.kv_bytes)
+    try:
+        stock = _observe(stock_llm, task)
+    finally:
+        _stop(stock_llm)
+    diffs = diff_snapshots(stock, piped)
+    if diffs:
+        _say(f"DIFFERENT from stock vLLM ({len(diffs)} differences):")
+        for line in diffs[:40]:
+            _say(f"  {line}")
+        return 1
+    _say("SAME as stock vLLM: tokens, runner snapshot at init and after the workload "
+         f"({len(json.dumps(stock['init']))} bytes of state compared)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

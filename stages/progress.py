@@ -1,0 +1,110 @@
+"""Progress lines, trace files and failure reports for pipelined vLLM workers.
+
+What belongs here: what a user sees of the pipeline while vLLM starts — one log line per
+stage (phase, name, duration), the trace written to a file on request, and, when a stage
+fails, a last log line naming it and the completed stages plus a failure trace file. vLLM's
+own "Engine core initialization failed. See root cause above" is then not all a user gets,
+even in multiprocess mode where the exception itself cannot cross processes.
+Replaces nothing in vLLM; the worker (:mod:`.worker`) and runner (:mod:`.runner`) call it.
+
+Environment:
+
+- ``INITPIPE_TRACE=FILE``: write the trace (initpipe JSON) to ``FILE`` and a Chrome trace
+  beside it (``FILE`` with ``.chrome.json``) after each KV phase and at shutdown. With
+  several workers, each writes ``FILE`` with ``.rank<N>`` before the suffix.
+- Failure traces go to ``INITPIPE_TRACE``'s path with ``.failure`` before the suffix, or,
+  when it is unset, to ``<tmp>/initpipe-failure-<pid>.json`` (``tempfile.gettempdir()``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ENV_TRACE", "add_listener", "failure_trace_path", "listeners", "log_event",
+           "logger", "remove_listener", "report_failure", "trace_paths", "write_trace"]
+
+#: Under vLLM's logger tree: the lines use vLLM's handler, format and VLLM_LOGGING_LEVEL.
+logger = logging.getLogger("vllm.initpipe")
+
+ENV_TRACE = "INITPIPE_TRACE"
+
+_LISTENERS: list[Callable[[Any], None]] = []
+
+
+def log_event(event: Any) -> None:
+    """Log one trace event as a single line: phase, stage, duration, outcome."""
+    kind = "" if event.kind == "stage" else f"{event.kind} "
+    logger.info("initpipe %-15s %s%-40s %9.3f ms %s", event.phase, kind, event.name,
+                event.duration * 1e3, event.outcome)
+
+
+def add_listener(fn: Callable[[Any], None]) -> None:
+    """Also call ``fn(event)`` for every stage of pipelined runners built in this process."""
+    _LISTENERS.append(fn)
+
+
+def remove_listener(fn: Callable[[Any], None]) -> None:
+    """Undo :func:`add_listener`."""
+    if fn in _LISTENERS:
+        _LISTENERS.remove(fn)
+
+
+def listeners() -> list[Callable[[Any], None]]:
+    """The listeners a new run gets: the log line, then the registered ones."""
+    return [log_event, *_LISTENERS]
+
+
+def _with_suffix(path: Path, tag: str) -> Path:
+    if path.suffix == ".json":
+        return path.with_name(f"{path.stem}{tag}.json")
+    return path.with_name(f"{path.name}{tag}")
+
+
+def trace_paths(rank: int = 0, world_size: int = 1) -> tuple[Path, Path] | None:
+    """(JSON, Chrome) paths from ``INITPIPE_TRACE``, or None when it is unset."""
+    raw = os.environ.get(ENV_TRACE, "").strip()
+    if not raw:
+        return None
+    path = Path(raw)
+    if world_size > 1:
+        path = _with_suffix(path, f".rank{rank}")
+    return path, _with_suffix(path, ".chrome")
+
+
+def write_trace(trace: Any, graph: Any, paths: tuple[Path, Path]) -> tuple[Path, Path]:
+    """Write the trace as initpipe JSON (with the critical path) and as a Chrome trace."""
+    json_path, chrome_path = paths
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    return trace.write_json(json_path, graph), trace.write_chrome(chrome_path)
+
+
+def failure_trace_path(rank: int = 0, world_size: int = 1) -> Path:
+    """Where a failure trace goes (see the module docstring)."""
+    paths = trace_paths(rank, world_size)
+    if paths is not None:
+        return _with_suffix(paths[0], ".failure")
+    return Path(tempfile.gettempdir()) / f"initpipe-failure-{os.getpid()}.json"
+
+
+def report_failure(err: Any, trace: Any, graph: Any, rank: int = 0,
+                   world_size: int = 1) -> Path | None:
+    """Write the failure trace and log the last line naming the stage and completed ones.
+
+    Returns the trace path, or None if it could not be written (the line is logged anyway).
+    """
+    path: Path | None = failure_trace_path(rank, world_size)
+    try:
+        trace.write_json(path, graph)
+    except OSError as os_err:
+        logger.error("initpipe: could not write the failure trace to %s: %s", path, os_err)
+        path = None
+    logger.error("initpipe: stage %r failed in phase %r: %s: %s; completed: %s; rolled back: "
+                 "%s; failure trace: %s", err.stage, err.phase, type(err.__cause__).__name__,
+                 err.__cause__, ", ".join(err.completed) or "none",
+                 ", ".join(err.rolled_back) or "nothing", path or "not written")
+    return path
