@@ -9,7 +9,8 @@ Replaces nothing in vLLM; it checks the catalog against ``GPUModelRunner.initial
 (``vllm/v1/worker/gpu_model_runner.py``).
 
 A model folder may hold ``initpipe.json`` with ``{"llm_kwargs": {...}, "task": "generate" |
-"embed", "after_load": {"block_size": N}}`` for model-specific engine arguments.
+"embed"}`` for model-specific engine arguments; ``{engine_tmp}`` in it becomes a fresh
+temporary folder per engine (e.g. a KV connector's storage).
 Defaults: dummy weights, no tokenizer, eager, float32, 8 MiB of KV cache, CPU target.
 """
 
@@ -20,6 +21,7 @@ import gc
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,10 @@ def engine_kwargs(model_dir: str | Path, **overrides: Any) -> tuple[dict[str, An
     """LLM keyword arguments for a tiny local model, and its ``initpipe.json`` options."""
     model_dir = Path(model_dir)
     opts_file = model_dir / "initpipe.json"
-    opts = json.loads(opts_file.read_text()) if opts_file.exists() else {}
+    text = opts_file.read_text() if opts_file.exists() else "{}"
+    if "{engine_tmp}" in text:   # a fresh folder per engine (e.g. a connector's storage)
+        text = text.replace("{engine_tmp}", tempfile.mkdtemp(prefix="initpipe_engine_"))
+    opts = json.loads(text)
     kwargs: dict[str, Any] = {
         "model": str(model_dir), "load_format": "dummy", "skip_tokenizer_init": True,
         "enforce_eager": True, "dtype": "float32", "max_model_len": 256, "max_num_seqs": 4,
@@ -56,7 +61,9 @@ def _runner_meta(worker: Any) -> dict[str, Any]:
     run = getattr(runner, "initpipe_run", None)
     return {"runner_class": type(runner).__name__,
             "kv_generation": None if run is None else run.kv_generation,
-            "stages_completed": None if run is None else run.completed("kv_cache_config")}
+            "stages_completed": None if run is None else run.completed("kv_cache_config"),
+            "kv_connector_registered": (None if run is None
+                                        else run.outputs.get("kv_connector_registration"))}
 
 
 def _reinitialize(worker: Any) -> dict[str, Any]:

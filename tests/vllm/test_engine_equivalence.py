@@ -22,7 +22,7 @@ from initpipe_vllm.testing import model_dir
 
 GROUPS = {
     "attention": ["tiny-llama", "tiny-gemma2", "tiny-bert", "tiny-gemma4-kvshare",
-                  "tiny-gemma4-fastprefill"],
+                  "tiny-gemma4-fastprefill", "tiny-llama-connector"],
     # MLA, Mamba2 hybrid, short-conv hybrid, attention sinks + MoE + sliding window.
     "hybrid": ["tiny-deepseek-mla", "tiny-nemotron-h", "tiny-lfm2", "tiny-gpt-oss"],
 }
@@ -93,6 +93,9 @@ def test_the_architectures_cover_what_they_claim(reports) -> None:
     assert any(g["backend_class"].startswith("FastPrefill")
                for gs in fast["attn_groups"] for g in gs)
     assert snap("tiny-deepseek-mla")["attn_groups"][0][0]["backend"] == "CPU_MLA"
+    meta = reports["tiny-llama-connector"]["meta"]["pipelined"]
+    assert meta["kv_connector_registered"] is True          # ExampleConnector, not profiling
+    assert reports["tiny-llama"]["meta"]["pipelined"]["kv_connector_registered"] is False
     for hybrid in ("tiny-nemotron-h", "tiny-lfm2"):
         assert snap(hybrid)["init_slot_mapping_modes"][0] == "SlotMappingMode.NONE"
 
