@@ -39,19 +39,19 @@ def test_adding_a_subcommand_is_one_function(monkeypatch: pytest.MonkeyPatch,
     def handler(args: argparse.Namespace) -> int:
         seen.append(args)
         if args.fail:
-            raise cli.UsageError("plan needs a config")
+            raise cli.UsageError("frobnicate needs a config")
         return 7
 
-    def add_plan(sub: Any) -> None:
-        p = sub.add_parser("plan")
+    def add_frobnicate(sub: Any) -> None:
+        p = sub.add_parser("frobnicate")
         p.add_argument("--fail", action="store_true")
         p.set_defaults(handler=handler)
 
-    monkeypatch.setattr(cli, "COMMANDS", [*cli.COMMANDS, add_plan])
-    assert cli.main(["plan"]) == 7
-    assert seen[0].command == "plan"
-    assert cli.main(["plan", "--fail"]) == 2
-    assert capsys.readouterr().err == "Error: plan needs a config\n"
+    monkeypatch.setattr(cli, "COMMANDS", [*cli.COMMANDS, add_frobnicate])
+    assert cli.main(["frobnicate"]) == 7
+    assert seen[0].command == "frobnicate"
+    assert cli.main(["frobnicate", "--fail"]) == 2
+    assert capsys.readouterr().err == "Error: frobnicate needs a config\n"
 
 
 def test_graph_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
