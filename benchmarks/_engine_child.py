@@ -1,0 +1,54 @@
+"""Child process of ``benchmarks.engine``: start one in-process vLLM engine and time it.
+
+Usage: ``python -m benchmarks._engine_child [--pipelined] [--model DIR]``. Prints one line
+``INITPIPE_ENGINE_JSON {...}`` on stdout with ``llm_s`` (seconds from just before
+``LLM(...)`` to just after it returns), ``import_s`` (``import vllm``) and the runner class.
+The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) because an
+in-process engine mutates its process (thread binding): each sample is a fresh process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+MARK = "INITPIPE_ENGINE_JSON"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start one engine (stock or pipelined worker), print the timing line, shut down."""
+    ap = argparse.ArgumentParser(prog="python -m benchmarks._engine_child")
+    ap.add_argument("--pipelined", action="store_true", help="initpipe's PipelinedWorker")
+    ap.add_argument("--model", default=None, help="model folder (default: tiny-llama)")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    t0 = time.perf_counter()
+    from vllm import LLM
+
+    from initpipe_vllm.equivalence import PIPELINED_WORKER, engine_kwargs
+    from initpipe_vllm.testing import model_dir
+
+    import_s = time.perf_counter() - t0
+    kwargs, _ = engine_kwargs(args.model or model_dir("tiny-llama"),
+                              kv_cache_memory_bytes=8 << 20, enforce_eager=True,
+                              dtype="float32", load_format="dummy")
+    if args.pipelined:
+        kwargs["worker_cls"] = PIPELINED_WORKER
+    t1 = time.perf_counter()
+    llm = LLM(**kwargs)
+    llm_s = time.perf_counter() - t1
+    runner = llm.collective_rpc(lambda w: type(w.model_runner).__name__)[0]
+    print(f"{MARK} " + json.dumps({"llm_s": llm_s, "import_s": import_s, "runner": runner,
+                                   "pipelined": args.pipelined}), flush=True)
+    core = getattr(llm.llm_engine, "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
