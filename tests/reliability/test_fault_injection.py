@@ -1,0 +1,142 @@
+"""Make every catalog stage fail in turn on a pipelined runner (``Run.inject_fault``).
+
+For each stage of ``catalog().order`` (both phases), before it runs and right after it
+completed (``after=True``: its output exists and must be rolled back), check that:
+
+- the ``StageError`` names the stage, its phase and the stages that had completed;
+- the runner is exactly as vLLM's ``_cleanup_profiling_kv_cache`` leaves it (snapshot equal
+  to the same runner's after a clean init + cleanup): no attention groups, no KV tensors,
+  every layer's ``kv_cache`` empty, cudagraph mode and dispatcher keys as before, the
+  input batch untouched, the Mamba SSU globals restored;
+- every KV storage allocated (the failed pass's and the one it replaced) is freed;
+- after ``clear_faults()`` a retry succeeds and its snapshot equals a clean run's.
+
+KV-stage faults hit a runner that holds a KV cache (the re-init path: the old cache is
+released first, then the new pass fails). Model-stage faults hit a fresh run of the model
+phase and surface from ``get_kv_cache_spec()`` or ``initialize_kv_cache()``.
+"""
+
+from __future__ import annotations
+
+import pytest
+from initpipe import KV, MODEL, StageError
+
+from initpipe_vllm import catalog
+from initpipe_vllm.runner import start_inputs
+from relkit import AllocationSpy, Rig, frozen_gc
+
+ORDER = catalog().order
+KV_STAGES = catalog().phase_order(KV)
+MODEL_STAGES = catalog().phase_order(MODEL)
+WHEN = {"before": False, "after": True}
+
+
+class Injected(RuntimeError):
+    """The injected failure (a distinct type, so the cause is checked exactly)."""
+
+
+@pytest.fixture(scope="module")
+def rig():
+    with frozen_gc(), AllocationSpy() as spy:
+        rig = Rig()
+        rig.spy = spy
+        yield rig
+
+
+def _ssu_globals():
+    from vllm.model_executor.layers.mamba.ops import ssu_dispatch
+
+    return ssu_dispatch._mamba_ssu_backend, ssu_dispatch._flashinfer_replayssm_kernel
+
+
+def _expected_completed(order, name, after):
+    i = order.index(name)
+    return order[: i + 1] if after else order[:i]
+
+
+def _check_error(err, name, phase, completed):
+    assert err.stage == name and err.phase == phase
+    assert err.qualname == catalog().specs[name].qualname
+    assert list(err.completed) == completed
+    assert list(err.rolled_back) == completed[::-1]      # every completed stage undone
+    assert err.teardown_error is None
+    assert isinstance(err.__cause__, Injected)
+    text = str(err)
+    assert f"stage {name!r}" in text and "completed in this phase: " in text
+    for done in completed:
+        assert done in text
+
+
+def _check_cleaned(rig, batch_before):
+    runner = rig.runner
+    assert rig.diff(rig.cleaned) == []
+    # the same facts, spelled out (the snapshot covers them; these name the failure)
+    assert runner.attn_groups == [] and runner.kv_caches == []
+    assert not hasattr(runner, "kv_cache_config")
+    ctx = rig.cfg.compilation_config.static_forward_context
+    assert all(layer.kv_cache.numel() == 0 for layer in ctx.values())
+    assert runner.cudagraph_dispatcher.keys_initialized is False
+    assert runner.input_batch is batch_before                # no half-built input batch
+    run = runner.initpipe_run
+    assert run.completed(KV) == [] and not run.kv_ready
+    assert not any(k in run.outputs for k in ("allocated_kv_caches", "kv_caches",
+                                              "runner_kv_caches", "attn_groups"))
+
+
+@pytest.mark.parametrize("when", list(WHEN))
+@pytest.mark.parametrize("name", KV_STAGES)
+def test_kv_stage_fault_rolls_back_frees_kv_and_retry_works(rig, name, when) -> None:
+    after = WHEN[when]
+    rig.init()                                               # a KV cache in place
+    assert rig.diff(rig.clean) == []
+    batch, ssu = rig.runner.input_batch, _ssu_globals()
+    n_before = len(rig.spy.allocations)
+    run = rig.runner.initpipe_run
+    run.inject_fault(name, Injected(f"injected into {name}"), after=after)
+    try:
+        with pytest.raises(StageError, match=f"stage '{name}'") as info:
+            rig.init()
+    finally:
+        run.clear_faults()
+    _check_error(info.value, name, KV, _expected_completed(KV_STAGES, name, after))
+    _check_cleaned(rig, batch)
+    assert _ssu_globals() == ssu
+    allocated = len(rig.spy.allocations) - n_before
+    reached = KV_STAGES.index(name) + after > KV_STAGES.index("allocated_kv_caches")
+    assert allocated == (1 if reached else 0)
+    assert rig.spy.live() == 0                               # old and failed caches freed
+    rig.init()                                               # the retry
+    assert rig.diff(rig.clean) == []
+    assert rig.runner.initpipe_run.kv_ready
+
+
+@pytest.mark.parametrize("when", list(WHEN))
+@pytest.mark.parametrize("name", MODEL_STAGES)
+def test_model_stage_fault_surfaces_from_the_runner_and_retry_works(rig, name, when) -> None:
+    after = WHEN[when]
+    rig.cleanup()
+    runner = rig.runner
+    # A fresh run of the model phase, as the runner itself starts one when the block
+    # size changes before any KV phase (PipelinedRunnerMixin._initpipe_model_phase).
+    runner.initpipe_run.close()
+    runner.initpipe_run = run = runner.initpipe_pipeline.start(**start_inputs(runner))
+    batch = runner.input_batch
+    run.inject_fault(name, Injected(f"injected into {name}"), after=after)
+    # before: the engine's get_kv_cache_spec() RPC; after: a direct initialize_kv_cache()
+    call = rig.init if after else runner.get_kv_cache_spec
+    try:
+        with pytest.raises(StageError, match=f"stage '{name}'") as info:
+            call()
+    finally:
+        run.clear_faults()
+    _check_error(info.value, name, MODEL, _expected_completed(MODEL_STAGES, name, after))
+    assert run.state == "started" and run.completed(MODEL) == []
+    assert rig.spy.live() == 0
+    _check_cleaned(rig, batch)
+    assert runner.get_kv_cache_spec() == rig.specs           # the retry
+    rig.init()
+    assert rig.diff(rig.clean) == []
+
+
+def test_every_catalog_stage_is_covered() -> None:
+    assert sorted(KV_STAGES + MODEL_STAGES) == sorted(ORDER) and len(ORDER) == 23
