@@ -14,7 +14,6 @@ device-agnostic but untested on CUDA (no GPU on the development machines).
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import subprocess
@@ -29,6 +28,9 @@ from ._common import Row, mm
 MAX_RATIO = 1.03
 ROOT = Path(__file__).resolve().parents[1]
 SIDES = ("stock", "initpipe")
+#: The samples of the last :func:`run` in this process (:mod:`benchmarks.kv` reuses the
+#: stock starts as the cost of an engine restart).
+LAST_SAMPLES: dict[str, dict[str, list[float]]] | None = None
 
 
 def start_once(pipelined: bool, model: str | None = None) -> dict[str, Any]:
@@ -57,14 +59,10 @@ def start_once(pipelined: bool, model: str | None = None) -> dict[str, Any]:
     return out
 
 
-@functools.cache
 def measure(repeats: int, warmup: bool = True) -> dict[str, dict[str, list[float]]]:
     """``repeats`` engine starts per side, ABBA-alternated; samples of ``llm_s``/``wall_s``.
 
     ``warmup`` first runs one discarded pair (``.pyc`` files, the OS file cache).
-
-    Memoized per process so :mod:`benchmarks.kv` can reuse the stock start as the cost of
-    an engine restart when both run in one ``python -m benchmarks``.
     """
     if warmup:
         start_once(False)
@@ -82,7 +80,8 @@ def measure(repeats: int, warmup: bool = True) -> dict[str, dict[str, list[float
 def run(smoke: bool = False) -> list[Row]:
     """Rows for the benchmark runner: in-process ``LLM()`` ratio and whole-process ratio."""
     repeats = 1 if smoke else 6
-    samples = measure(repeats, warmup=not smoke)
+    global LAST_SAMPLES
+    samples = LAST_SAMPLES = measure(repeats, warmup=not smoke)
     rows = []
     for key, what in (("llm_s", "LLM() in-process"), ("wall_s", "whole process")):
         s_min, s_med = mm(samples["stock"][key])
