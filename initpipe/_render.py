@@ -85,6 +85,8 @@ def render_text(view: View) -> str:
             line = f" {mark}{n:>3}. {when}{s['name']:<{width}}  {_flow(s)}"
             if s.get("effects"):
                 line += f"  [effects: {', '.join(s['effects'])}]"
+            if s.get("package"):
+                line += f"  [from package {s['package']}]"
             lines.append(line)
     if timed:
         path = view["critical_path"]
@@ -110,6 +112,8 @@ def render_mermaid(view: View) -> str:
         lines.append(f'  subgraph phase_{phase}["{_mm(phase)} phase"]')
         for s in group:
             label = _mm(s["name"])
+            if s.get("package"):
+                label += f"<br/><i>{_mm(s['package'])}</i>"
             if s.get("duration") is not None:
                 label += f"<br/>{fmt_duration(s['duration'])}"
             lines.append(f'    n_{s["name"]}["{label}"]')
@@ -160,6 +164,8 @@ def render_dot(view: View) -> str:
         lines += [f"  subgraph {_q('cluster_' + phase)} {{", f"    graph {box};"]
         for s in group:
             label = s["name"]
+            if s.get("package"):
+                label += f"\n[{s['package']}]"
             if s.get("duration") is not None:
                 label += "\n" + fmt_duration(s["duration"])
             extra = {"color": CRITICAL, "penwidth": "3"} if s["name"] in crit else {"color": stroke}

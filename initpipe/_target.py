@@ -19,7 +19,7 @@ from ._stage import get_spec
 __all__ = ["DEFAULT_TARGET", "TargetError", "load_pipeline"]
 
 #: The vLLM stage catalog.
-DEFAULT_TARGET = "initpipe_vllm"
+DEFAULT_TARGET = "initpipe_vllm:catalog"
 
 
 class TargetError(Exception):

@@ -84,13 +84,11 @@ STAGES = (
 )
 
 _CATALOG: Pipeline | None = None
+_EXTENDED: dict[tuple[str, ...] | str, Pipeline] = {}
 
 
-def catalog() -> Pipeline:
-    """The vLLM 0.32.0 runner-initialization pipeline (built once, then shared).
-
-    Pipelines are immutable; derive variants with ``catalog().replace(...)`` / ``.add(...)``.
-    """
+def base_catalog() -> Pipeline:
+    """The stock vLLM 0.32.0 runner-initialization pipeline, without any extension."""
     global _CATALOG
     if _CATALOG is None:
         _CATALOG = Pipeline(STAGES, start_inputs=INITPIPE_INPUTS["start"],
@@ -99,4 +97,37 @@ def catalog() -> Pipeline:
     return _CATALOG
 
 
-__all__ = ["INITPIPE_INPUTS", "STAGES", "catalog", *(s.__name__ for s in STAGES)]
+def catalog(extensions: list[str] | str | None = None) -> Pipeline:
+    """The vLLM 0.32.0 runner-initialization pipeline, with the enabled extensions.
+
+    Args:
+        extensions: extension names (entry-point group ``initpipe.stages``), ``"all"``, or
+            None to read ``INITPIPE_EXTENSIONS`` (unset: none — installing a package never
+            changes the pipeline by itself).
+
+    Pipelines are immutable and built once per extension set; derive variants with
+    ``catalog().replace(...)`` / ``.add(...)``.
+
+    Raises:
+        initpipe.ExtensionError: an enabled extension is missing or breaks the graph.
+    """
+    from initpipe._extensions import enabled_names
+
+    wanted = enabled_names() if extensions is None else extensions
+    if not wanted:
+        return base_catalog()
+    key = wanted if isinstance(wanted, str) else tuple(wanted)
+    if key not in _EXTENDED:
+        _EXTENDED[key] = base_catalog().with_extensions(wanted)
+    return _EXTENDED[key]
+
+
+def __getattr__(name: str) -> Any:
+    # `initpipe graph initpipe_vllm:pipeline` draws what workers would run (extensions too).
+    if name == "pipeline":
+        return catalog()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["INITPIPE_INPUTS", "STAGES", "base_catalog", "catalog",
+           *(s.__name__ for s in STAGES)]

@@ -113,6 +113,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="also run stock vLLM; exit 1 unless tokens and runner state match")
     p.add_argument("--kv-bytes", type=int, default=8 << 20, metavar="B",
                    help="KV cache size in bytes (default: 8 MiB)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="keep vLLM's own INFO log lines (default: warnings only)")
     return p
 
 
@@ -127,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # In-process engine: the StageError itself reaches us, and startup is ~10 s faster.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if not args.verbose:  # our own lines show each stage; vLLM's INFO lines only on request
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if args.trace is not None:
         os.environ["INITPIPE_TRACE"] = str(args.trace)
     from initpipe import StageError

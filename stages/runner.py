@@ -29,7 +29,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from initpipe import KV, Pipeline
+from initpipe import KV, Pipeline, StageError
 
 from .errors import UnsupportedRunnerError
 from .types import InputBatchGeometry, RunnerSettings
@@ -137,21 +137,40 @@ class PipelinedRunnerMixin:
 
     Attributes:
         initpipe_pipeline: the Pipeline used (the catalog unless one is given).
-        initpipe_run: the current Run (its ``trace`` times every stage).
+        initpipe_run: the current Run.
+        initpipe_trace: the Trace of every stage run and teardown, and of the vLLM steps
+            around them (the worker records those as spans); it outlives re-created runs.
     """
 
     initpipe_default_pipeline: Pipeline | None = None
 
     def __init__(self, vllm_config: Any, device: Any, *, pipeline: Pipeline | None = None) -> None:
         super().__init__(vllm_config, device)  # type: ignore[call-arg]
+        from initpipe import Trace
+
         if pipeline is None:
             from . import catalog
 
             pipeline = type(self).initpipe_default_pipeline or catalog()
         self.initpipe_pipeline = pipeline
-        self.initpipe_run = pipeline.start(**start_inputs(self))
+        self.initpipe_trace = Trace()
+        self.initpipe_run = self._initpipe_start()
         self._initpipe_block_size: int | None = None
         self._initpipe_lock = threading.RLock()
+
+    def _initpipe_start(self) -> Any:
+        from .progress import listeners
+
+        return self.initpipe_pipeline.start(listeners=listeners(), trace=self.initpipe_trace,
+                                            **start_inputs(self))
+
+    def _initpipe_report(self, err: Any) -> None:
+        """Log the failed stage and the completed ones, and write the failure trace."""
+        from .progress import report_failure
+
+        parallel = self.vllm_config.parallel_config  # type: ignore[attr-defined]
+        report_failure(err, self.initpipe_trace, self.initpipe_pipeline.graph,
+                       parallel.rank, parallel.world_size)
 
     # model phase ------------------------------------------------------------------------
     def _initpipe_model_phase(self) -> Mapping[str, Any]:
@@ -168,11 +187,15 @@ class PipelinedRunnerMixin:
                            f"_cleanup_profiling_kv_cache() first.")
                     raise RuntimeError(msg)
                 run.close()
-                self.initpipe_run = run = self.initpipe_pipeline.start(**start_inputs(self))
+                self.initpipe_run = run = self._initpipe_start()
             if getattr(self, "model", None) is None:
                 raise RuntimeError("load_model() must be called before get_kv_cache_spec() or "
                                    "initialize_kv_cache(): the model phase reads the loaded model.")
-            outputs = run.load(model=self.model)  # type: ignore[attr-defined]
+            try:
+                outputs = run.load(model=self.model)  # type: ignore[attr-defined]
+            except StageError as err:
+                self._initpipe_report(err)
+                raise
             self._initpipe_block_size = block_size
             apply_model_outputs(self, outputs)
             return outputs
@@ -190,8 +213,17 @@ class PipelinedRunnerMixin:
             if self.initpipe_run.completed(KV) or self.attn_groups or self.kv_caches:  # type: ignore[attr-defined]
                 self._initpipe_release_kv()
             inputs = kv_inputs(self, kv_cache_config, is_profiling, kv_cache_allocation_context)
-            outputs = self.initpipe_run.initialize_kv_cache(**inputs)
+            try:
+                outputs = self.initpipe_run.initialize_kv_cache(**inputs)
+            except StageError as err:
+                self._initpipe_report(err)
+                raise
             apply_kv_outputs(self, model, outputs)
+
+    def capture_model(self) -> Any:
+        """vLLM's CUDA-graph capture, recorded as a span of the trace."""
+        with self.initpipe_trace.span("capture_model (graph capture)", phase="vllm"):
+            return super().capture_model()  # type: ignore[misc]
 
     def _initpipe_release_kv(self) -> None:
         # The runner lets go first, so the allocation's teardown can return the memory.

@@ -28,8 +28,13 @@ def test_list_attribute_becomes_a_pipeline_named_after_the_target() -> None:
     assert (p.name, p.order) == ("cli_toys.pipelines:STAGES", ["first", "second"])
 
 
-def test_default_target_is_the_vllm_catalog() -> None:
-    assert DEFAULT_TARGET == "initpipe_vllm"
+def test_default_target_is_the_vllm_catalog_with_enabled_extensions(monkeypatch) -> None:
+    monkeypatch.delenv("INITPIPE_EXTENSIONS", raising=False)
+    from initpipe import Pipeline
+
+    pipeline = load_pipeline(DEFAULT_TARGET)
+    assert pipeline.order == Pipeline.from_module("initpipe_vllm").order
+    assert all(s.package is None for s in pipeline.specs.values())
 
 
 @pytest.mark.parametrize(("target", "match"), [
