@@ -1,0 +1,48 @@
+"""Smoke pass of the vLLM benchmarks (engine, kv, alloc): they run and report every figure.
+
+Runs ``python -m benchmarks --smoke --only engine kv alloc`` in a subprocess (engine starts
+mutate their process; the benchmarks spawn their own children too) and checks the rows
+exist with positive values. No timing asserts: ratios are benchmark output, not tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+ROOT = Path(__file__).parents[2]
+
+EXPECTED = [
+    "engine start initpipe/stock, LLM() in-process (median)",
+    "engine start initpipe/stock, whole process (median)",
+    "first KV phase initpipe/stock (median)",
+    "KV re-init initpipe/stock (median)",
+    "KV re-init, initpipe bare initialize_kv_cache / stock cleanup+init (median)",
+    "engine restart / initpipe KV re-init (median)",
+    "KV allocation 8 MiB: torch.zeros/initpipe (median)",
+    "KV allocation 8 MiB: initpipe/stock (median)",
+]
+
+
+def test_vllm_benchmarks_run_and_report_every_figure(tmp_path: Path) -> None:
+    env = {**os.environ, "VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu")}
+    res = subprocess.run([sys.executable, "-m", "benchmarks", "--smoke", "--only", "engine",
+                          "kv", "alloc", "--out", str(tmp_path)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    data = json.loads((tmp_path / "benchmarks.json").read_text())
+    assert data["errors"] == {}
+    rows = {r["name"]: r for r in data["rows"]}
+    for name in EXPECTED:
+        assert name in rows, f"missing figure {name!r}; got {sorted(rows)}"
+        assert rows[name]["value"] > 0, rows[name]
+    assert {rows[n]["bench"] for n in EXPECTED} == {"engine", "kv", "alloc"}
+    report = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "| kv | KV re-init initpipe/stock (median) |" in report
