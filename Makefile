@@ -24,7 +24,7 @@ sysdeps:
 	fi
 
 run: $(STAMP)
-	$(BIN)/python examples/tour.py
+	VLLM_TARGET_DEVICE=cpu $(BIN)/initpipe run
 
 test: $(STAMP) sysdeps
 	VLLM_TARGET_DEVICE=cpu $(BIN)/python -m pytest -q
