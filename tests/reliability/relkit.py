@@ -77,12 +77,13 @@ class AllocationSpy:
 class Rig:
     """A loaded pipelined tiny runner, its planned engine KVCacheConfig, reference snapshots."""
 
-    def __init__(self, model: str = MODEL) -> None:
+    def __init__(self, model: str = MODEL, pipeline: Any = None) -> None:
         from initpipe_vllm.runner import pipelined_runner_class
         from initpipe_vllm.testing import build_runner, plan_kv_cache_config, tiny_vllm_config
 
         self.cfg = tiny_vllm_config(model)
-        self.runner = build_runner(self.cfg, pipelined_runner_class())
+        extra = {} if pipeline is None else {"pipeline": pipeline}
+        self.runner = build_runner(self.cfg, pipelined_runner_class(), **extra)
         self.kv_cache_config = plan_kv_cache_config(self.runner)
         self.num_blocks = self.kv_cache_config.num_blocks
         self.specs = self.runner.get_kv_cache_spec()
