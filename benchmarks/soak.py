@@ -144,6 +144,7 @@ def soak(cycles: int, *, model: str = "tiny-llama", sizes: tuple[int, ...] = SIZ
         gc.unfreeze()
     return {
         "model": model, "cycles": cycles, "sizes": list(sizes),
+        "largest_kv_bytes": max(t.size for t in planned[largest].kv_cache_tensors),
         "cleanups": sum(1 for i in range(cycles) if i % CLEANUP_EVERY == 0),
         "storages_tracked": len(storages), "views_tracked": len(views),
         "current_storages_at_largest": current_storages, "current_views_at_largest": views_now,
