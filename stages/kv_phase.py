@@ -108,16 +108,21 @@ def encoder_only_kv_cache_group(vllm_config: VllmConfig, runner_settings: Runner
 
 
 def _validate_kv_cache_config(cfg: Any, attention_layers: Mapping[str, Any],
-                              shared: Mapping[str, str], runner_added: set[str]) -> None:
+                              shared: Mapping[str, str], runner_added: set[str],
+                              layer_specs: Mapping[str, Any]) -> None:
+    import difflib
+
+    from .model_phase import check_sharing_order
+
     for attr in ("num_blocks", "kv_cache_tensors", "kv_cache_groups"):
         if not hasattr(cfg, attr):
             raise KVCacheConfigError(f"kv_cache_config {type(cfg).__name__} has no {attr!r}; "
                                      f"pass a vllm KVCacheConfig.", field=attr)
-    grouped: set[str] = set()
+    grouped: dict[str, Any] = {}  # layer -> its spec in the config
     for gid, group in enumerate(cfg.kv_cache_groups):
         for name in group.layer_names:
             if name not in attention_layers:
-                close = sorted(n for n in attention_layers if n.split(".")[-2:] == name.split(".")[-2:])
+                close = difflib.get_close_matches(name, list(attention_layers), n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise KVCacheConfigError(f"kv_cache_config group {gid} names layer {name!r}, "
                                          f"which is not an attention layer of the loaded "
@@ -127,7 +132,9 @@ def _validate_kv_cache_config(cfg: Any, attention_layers: Mapping[str, Any],
                                          f"layer {name!r}; pass the engine's KVCacheConfig, not a "
                                          f"runner's working copy.", field="kv_cache_groups",
                                          layer=name)
-            grouped.add(name)
+            spec = group.kv_cache_spec
+            grouped[name] = getattr(spec, "kv_cache_specs", {}).get(name, spec)
+            _check_spec_matches(gid, name, grouped[name], layer_specs.get(name))
     if cfg.kv_cache_groups and cfg.num_blocks < 1:
         raise KVCacheConfigError(f"kv_cache_config.num_blocks is {cfg.num_blocks}; the KV cache "
                                  f"needs at least one block.", field="num_blocks")
@@ -136,23 +143,70 @@ def _validate_kv_cache_config(cfg: Any, attention_layers: Mapping[str, Any],
         raise KVCacheConfigError(f"kv_cache_config.kv_cache_tensors have sizes {sorted(sizes)}; "
                                  f"they must share one backing allocation (one size).",
                                  field="kv_cache_tensors")
+    held: set[str] = set()
     for t in cfg.kv_cache_tensors:
-        for name in t.layers:
+        for index, name in enumerate(t.layers):
             if name not in grouped:
                 raise KVCacheConfigError(f"a KVCacheTensor holds layer {name!r}, which no KV "
                                          f"cache group names.", field="kv_cache_tensors", layer=name)
+            held.add(name)
+            _check_tensor_fits(cfg, t, index, name, grouped[name])
+    if cfg.kv_cache_tensors:
+        for name in grouped:
+            if name not in held:
+                raise KVCacheConfigError(f"layer {name!r} is in a KV cache group but no "
+                                         f"KVCacheTensor holds it, so it would get no KV cache.",
+                                         field="kv_cache_tensors", layer=name)
     for name, target in shared.items():
         if target not in grouped:
             raise KVCacheConfigError(f"layer {name!r} shares the KV cache of {target!r}, which no "
                                      f"KV cache group names.", field="kv_cache_groups",
                                      layer=target)
+        check_sharing_order(name, target, _sharing_error)
+
+
+def _sharing_error(msg: str, *, layer: str) -> KVCacheConfigError:
+    return KVCacheConfigError(msg, field="kv_cache_groups", layer=layer)
+
+
+def _check_spec_matches(gid: int, name: str, planned: Any, actual: Any) -> None:
+    """The group's spec for a layer must describe the same KV page as the model's spec
+    (the block size may differ: the engine unifies page sizes)."""
+    if actual is None or type(planned) is not type(actual):
+        return
+    for field in ("num_kv_heads", "head_size", "head_size_v", "dtype"):
+        a, b = getattr(planned, field, None), getattr(actual, field, None)
+        if a != b:
+            raise KVCacheConfigError(
+                f"kv_cache_config group {gid} plans layer {name!r} with {field}={a}, but the "
+                f"loaded model's layer has {field}={b}: the config was planned for another "
+                f"model. Plan it from this runner's get_kv_cache_spec().",
+                field="kv_cache_groups", layer=name)
+
+
+def _check_tensor_fits(cfg: Any, tensor: Any, index: int, name: str, spec: Any) -> None:
+    """Block ``num_blocks - 1`` of layer ``index`` must end inside the tensor."""
+    page = getattr(spec, "page_size_bytes", None)
+    if not isinstance(page, int) or getattr(tensor, "block_stride", None) is None:
+        return
+    num_blocks = cfg.num_blocks_of(tensor) if hasattr(cfg, "num_blocks_of") else cfg.num_blocks
+    end = (getattr(tensor, "offset", 0) + index * tensor.layer_stride
+           + (num_blocks - 1) * tensor.block_stride + page)
+    if end > tensor.size:
+        raise KVCacheConfigError(
+            f"layer {name!r} needs {end:,} bytes of its KVCacheTensor ({num_blocks} blocks of "
+            f"{page:,} bytes, block_stride {tensor.block_stride:,}, layer_stride "
+            f"{tensor.layer_stride:,}) but the tensor has {tensor.size:,}: num_blocks, the "
+            f"strides or the group's block size do not match the tensor.",
+            field="kv_cache_tensors", layer=name)
 
 
 @stage(needs=KV)
 def runner_kv_cache_config(kv_cache_config: KVCacheConfig,
                            attention_layers: Mapping[str, AttentionLayerBase],
                            shared_kv_cache_layers: Mapping[str, str],
-                           encoder_only_kv_cache_group: KVCacheGroupSpec | None) -> KVCacheConfig:
+                           encoder_only_kv_cache_group: KVCacheGroupSpec | None,
+                           kv_cache_spec: Mapping[str, Any] | None = None) -> KVCacheConfig:
     """The runner's working copy of the engine's config, with its own layers added.
 
     A deep copy (the engine and KV connector keep the original), then the encoder-only
@@ -161,7 +215,9 @@ def runner_kv_cache_config(kv_cache_config: KVCacheConfig,
 
     Raises:
         KVCacheConfigError: the config names an unknown layer, has no blocks, tensors of
-            different sizes, or already holds runner-only layers.
+            different sizes or too small for their blocks, a grouped layer no tensor holds,
+            a spec that does not match the model's layer, a KV-sharing target that is
+            missing or not earlier than its sharer, or already holds runner-only layers.
     """
     import copy
 
@@ -170,7 +226,7 @@ def runner_kv_cache_config(kv_cache_config: KVCacheConfig,
     runner_added = set(encoder_only_kv_cache_group.layer_names
                        if encoder_only_kv_cache_group else ())
     _validate_kv_cache_config(kv_cache_config, attention_layers, shared_kv_cache_layers,
-                              runner_added)
+                              runner_added, kv_cache_spec or {})
     cfg = copy.deepcopy(kv_cache_config)
     if encoder_only_kv_cache_group is not None:
         cfg.kv_cache_groups.append(copy.deepcopy(encoder_only_kv_cache_group))

@@ -89,7 +89,9 @@ def shared_kv_cache_layers(attention_layers: Mapping[str, AttentionLayerBase]) -
     here it is an output. Empty for EC-transfer producers (vLLM returns early there).
 
     Raises:
-        ModelPhaseError: a layer names a sharing target that is not an attention layer.
+        ModelPhaseError: a layer names a sharing target that is not an attention layer, or
+            one that does not come before it (the rule of vLLM's
+            ``validate_kv_sharing_target``).
     """
     from vllm.model_executor.layers.attention import Attention
 
@@ -102,8 +104,19 @@ def shared_kv_cache_layers(attention_layers: Mapping[str, AttentionLayerBase]) -
                 msg = (f"layer {name!r} shares the KV cache of {target!r}, which is not an "
                        f"attention layer of the model.")
                 raise ModelPhaseError(msg, layer=name)
+            check_sharing_order(name, target, ModelPhaseError)
             shared[name] = target
     return shared
+
+
+def check_sharing_order(name: str, target: str, error: type[Exception]) -> None:
+    """Raise ``error`` unless KV-sharing ``target`` is an earlier layer than ``name``."""
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    if extract_layer_index(target) >= extract_layer_index(name):
+        msg = (f"layer {name!r} shares the KV cache of {target!r}, which does not come "
+               f"before it; a KV-sharing target must be an earlier layer.")
+        raise error(msg, layer=name)
 
 
 @stage(needs=MODEL)

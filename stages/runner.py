@@ -29,7 +29,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from initpipe import KV, Pipeline, StageError
+from initpipe import KV, PhaseOrderError, Pipeline, StageError
 
 from .errors import UnsupportedRunnerError
 from .types import InputBatchGeometry, RunnerSettings
@@ -185,12 +185,13 @@ class PipelinedRunnerMixin:
                     msg = (f"cache_config.block_size changed from {self._initpipe_block_size} "
                            f"to {block_size} while a KV cache is in place; call "
                            f"_cleanup_profiling_kv_cache() first.")
-                    raise RuntimeError(msg)
+                    raise PhaseOrderError(msg)
                 run.close()
                 self.initpipe_run = run = self._initpipe_start()
             if getattr(self, "model", None) is None:
-                raise RuntimeError("load_model() must be called before get_kv_cache_spec() or "
-                                   "initialize_kv_cache(): the model phase reads the loaded model.")
+                raise PhaseOrderError("load_model() must be called before get_kv_cache_spec() "
+                                      "or initialize_kv_cache(): the model phase reads the "
+                                      "loaded model.")
             try:
                 outputs = run.load(model=self.model)  # type: ignore[attr-defined]
             except StageError as err:

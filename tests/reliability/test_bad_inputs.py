@@ -5,8 +5,7 @@ error's attributes, and says what to do — never a raw KeyError, networkx or as
 traceback. Three groups: malformed declarations (core), runtime misuse (core and the
 pipelined runner), and bad KV configs fed to the real catalog KV phase of a loaded
 tiny-llama runner (through ``initialize_kv_cache``, or straight to one stage where vLLM's
-own constructors would reject the input first). Cases the product does not catch yet are
-``xfail(strict=True)`` with the gap in the reason.
+own constructors would reject the input first).
 """
 
 from __future__ import annotations
@@ -416,12 +415,6 @@ def test_a_group_naming_an_unknown_layer(bad) -> None:
     assert "is not an attention layer of the loaded model. Did you mean" in str(err)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "product gap (minor): the 'Did you mean' for an unknown layer in a KV cache group is the "
-    "first layer (sorted) whose last two name parts match, not the closest name: "
-    "'layers.1.self_attn.attn' gets 'model.layers.0.self_attn.attn'. Fix in "
-    "kv_phase._validate_kv_cache_config: difflib.get_close_matches(name, attention_layers, "
-    "n=1, cutoff=0.6)"))
 def test_a_group_naming_an_unknown_layer_suggests_the_closest(bad) -> None:
     def mutate(cfg):
         cfg.kv_cache_groups[0].layer_names[1] = "layers.1.self_attn.attn"
@@ -466,14 +459,8 @@ def test_a_block_size_no_backend_kernel_supports(bad) -> None:
     assert "No common block size for 100 (CPU_ATTN" in str(err)
 
 
-GAP_TENSOR_SIZE = (
-    "product gap: kv_phase._validate_kv_cache_config does not check that each KVCacheTensor "
-    "is large enough for num_blocks x block_stride (and its layers' pages); the allocation "
-    "stage then fails with torch's raw 'setStorage: ... out of bounds' RuntimeError instead "
-    "of a KVCacheConfigError(field='kv_cache_tensors', layer=...)")
 
 
-@pytest.mark.xfail(strict=True, reason=GAP_TENSOR_SIZE)
 def test_a_tensor_too_small_for_its_blocks(bad) -> None:
     def mutate(cfg):
         cfg.kv_cache_tensors[0].size = cfg.kv_cache_tensors[0].size // 2
@@ -484,28 +471,18 @@ def test_a_tensor_too_small_for_its_blocks(bad) -> None:
     assert err.__cause__.field == "kv_cache_tensors" and err.__cause__.layer in (L0, L1)
 
 
-@pytest.mark.xfail(strict=True, reason=GAP_TENSOR_SIZE)
 def test_more_blocks_than_the_tensors_hold(bad) -> None:
     err = bad(lambda cfg: setattr(cfg, "num_blocks", cfg.num_blocks * 2))
     assert isinstance(err.__cause__, KVCacheConfigError)
     assert err.__cause__.field in ("num_blocks", "kv_cache_tensors")
 
 
-@pytest.mark.xfail(strict=True, reason=GAP_TENSOR_SIZE + " (here: a group block size of 256 "
-                   "whose pages no longer fit the tensor planned for 128)")
 def test_a_group_block_size_that_does_not_match_the_tensors(bad) -> None:
     err = bad(_spec(block_size=256))
     assert isinstance(err.__cause__, KVCacheConfigError)
     assert "block_size" in str(err.__cause__) or err.__cause__.field == "kv_cache_tensors"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "product gap: a KV cache group may name a layer that no KVCacheTensor holds; "
-    "_validate_kv_cache_config only checks tensors -> groups, not groups -> tensors, so the "
-    "layer silently gets no KV cache (empty kv_cache) and fails at the first forward. "
-    "Fix: require every grouped layer that is not runner-added (KV-sharing / encoder-only) "
-    "to be held by exactly one KVCacheTensor; raise KVCacheConfigError(field="
-    "'kv_cache_tensors', layer=name)"))
 def test_a_grouped_layer_without_a_tensor(bad) -> None:
     def mutate(cfg):
         cfg.kv_cache_tensors[0].layers = [L0]
@@ -514,13 +491,6 @@ def test_a_grouped_layer_without_a_tensor(bad) -> None:
     assert isinstance(err.__cause__, KVCacheConfigError) and err.__cause__.layer == L1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "product gap: a group's kv_cache_spec is not compared with the model phase's "
-    "kv_cache_spec of its layers; a config planned for another head size / head count / "
-    "dtype is accepted and the layers get views of the wrong shape. Fix: give "
-    "runner_kv_cache_config the kv_cache_spec input and check per layer that num_kv_heads, "
-    "head_size and dtype match (block_size may differ: vLLM's page-size unification changes "
-    "it); raise KVCacheConfigError(field='kv_cache_groups', layer=name)"))
 def test_a_group_spec_that_does_not_match_the_layers(bad) -> None:
     err = bad(_spec(head_size=16))
     assert isinstance(err.__cause__, KVCacheConfigError) and err.__cause__.layer in (L0, L1)
@@ -575,16 +545,6 @@ def test_kv_sharing_target_without_a_tensor_at_allocation(rig, model_outputs) ->
     assert info.value.field == "kv_cache_tensors"
 
 
-GAP_SHARING_ORDER = (
-    "product gap: a KV-sharing target that comes after its sharer (vLLM's Attention "
-    "rejects it at construction: the target must be an earlier layer) is accepted by "
-    "model_phase.shared_kv_cache_layers and kv_phase.runner_kv_cache_config. Fix: in "
-    "shared_kv_cache_layers, check the target precedes the sharer in attention_layers order "
-    "(vLLM's extract_layer_index(target) < extract_layer_index(name)) and raise "
-    "ModelPhaseError(layer=name); check the same in _validate_kv_cache_config")
-
-
-@pytest.mark.xfail(strict=True, reason=GAP_SHARING_ORDER)
 def test_kv_sharing_target_after_its_sharer_model_phase(rig, model_outputs) -> None:
     from initpipe_vllm.model_phase import shared_kv_cache_layers
 
@@ -598,7 +558,6 @@ def test_kv_sharing_target_after_its_sharer_model_phase(rig, model_outputs) -> N
     assert info.value.layer == L0
 
 
-@pytest.mark.xfail(strict=True, reason=GAP_SHARING_ORDER)
 def test_kv_sharing_target_after_its_sharer_kv_phase(rig, model_outputs) -> None:
     from initpipe_vllm.kv_phase import runner_kv_cache_config
 
@@ -616,15 +575,8 @@ def test_a_bad_kv_cache_layout_name(rig) -> None:
     assert info.value.field == "kv_cache_layout" and not isinstance(info.value, KeyError)
 
 
-GAP_RUNNER_ORDER = (
-    "product gap: the pipelined runner reports misuse with a bare RuntimeError, not the "
-    "phase-protocol error initpipe defines (STYLE: 'misuse says what to do', PhaseOrderError). "
-    "Fix: in runner.PipelinedRunnerMixin._initpipe_model_phase raise "
-    "initpipe.PhaseOrderError (a RuntimeError subclass, so callers keep working) for "
-    "'load_model() must be called before ...' and 'cache_config.block_size changed ...'")
 
 
-@pytest.mark.xfail(strict=True, reason=GAP_RUNNER_ORDER)
 def test_runner_kv_phase_before_load_model() -> None:
     import torch
     from vllm.config import set_current_vllm_config

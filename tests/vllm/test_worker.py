@@ -17,12 +17,17 @@ def test_pipelined_worker_is_the_cpu_variant_on_cpu() -> None:
     assert set(vars(cls)) - {"__module__", "__qualname__", "__doc__"} == {"init_device"}
 
 
-def test_gpu_variant_overrides_only_the_runner_factory() -> None:
+def test_gpu_variant_overrides_only_the_runner_factory_and_the_v2_check() -> None:
     from vllm.v1.worker.gpu_worker import Worker
 
     cls = worker_mod.PipelinedGPUWorker
     assert issubclass(cls, Worker)
-    assert set(vars(cls)) - {"__module__", "__qualname__", "__doc__"} == {"_make_model_runner"}
+    assert set(vars(cls)) - {"__module__", "__qualname__", "__doc__"} == {
+        "__init__", "_make_model_runner"}
+    # the rest are the shared tracing wrappers, the same on both platforms
+    traced = {"load_model", "determine_available_memory", "initialize_from_config",
+              "compile_or_warm_up_model", "shutdown"}
+    assert all(getattr(cls, m) is getattr(worker_mod.PipelinedCPUWorker, m) for m in traced)
 
 
 def test_vllm_resolves_the_worker_by_qualname() -> None:
@@ -32,11 +37,10 @@ def test_vllm_resolves_the_worker_by_qualname() -> None:
         worker_mod.PipelinedCPUWorker
 
 
-def test_gpu_variant_refuses_model_runner_v2() -> None:
-    cls = worker_mod.PipelinedGPUWorker
-    fake_self = type("W", (), {"use_v2_model_runner": True})()
+def test_model_runner_v2_is_refused_before_any_device_work() -> None:
     with pytest.raises(UnsupportedRunnerError, match="VLLM_USE_V2_MODEL_RUNNER=0"):
-        cls._make_model_runner(fake_self)
+        worker_mod.refuse_model_runner_v2(True)
+    worker_mod.refuse_model_runner_v2(False)
 
 
 def test_unknown_attribute() -> None:
