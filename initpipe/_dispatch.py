@@ -6,7 +6,7 @@ convention, output unpacking) is precomputed into a :class:`Step` when the pipel
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableSequence
 from operator import itemgetter
 from time import perf_counter
 from typing import Any
@@ -82,7 +82,7 @@ def _unpack(step: Step, out: Any) -> Mapping[str, Any]:
 
 
 def run_steps(steps: list[Step], values: dict[str, Any], done: list[tuple[Step, Any, tuple]],
-              records: list[tuple[Any, ...]], generation: int,
+              records: MutableSequence[tuple[Any, ...]], generation: int,
               listener: Callable[[Step, float, str], None] | None) -> None:
     """Run ``steps`` in order.
 

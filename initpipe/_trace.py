@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections import deque
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -55,12 +56,18 @@ class TraceEvent:
 
 
 class Trace:
-    """The record of a run: stage runs, teardowns and host spans, in order."""
+    """The record of a run: stage runs, teardowns and host spans, in order.
 
-    def __init__(self) -> None:
+    Args:
+        max_records: keep only the latest this many events (a ring buffer), so a
+            long-lived process that re-runs its KV phase many times stays bounded.
+            None (the default) keeps everything.
+    """
+
+    def __init__(self, max_records: int | None = None) -> None:
         self.origin = time.perf_counter()
         self.wall_origin = time.time()
-        self._records: list[tuple[Any, ...]] = []
+        self._records: deque[tuple[Any, ...]] = deque(maxlen=max_records)
 
     def record(self, name: str, phase: str, kind: str, t0: float, t1: float, outcome: str,
                generation: int = 0, error: str | None = None) -> None:

@@ -131,6 +131,10 @@ def engine_kv_cache_config(runner: Any) -> Any:
     return cfg
 
 
+#: How many trace events a pipelined runner keeps (about 900 KV re-inits of the catalog).
+TRACE_MAX_RECORDS = 20_000
+
+
 # -- the runner classes ----------------------------------------------------------------
 class PipelinedRunnerMixin:
     """Put before the platform's runner class: its init runs as an initpipe pipeline.
@@ -153,7 +157,8 @@ class PipelinedRunnerMixin:
 
             pipeline = type(self).initpipe_default_pipeline or catalog()
         self.initpipe_pipeline = pipeline
-        self.initpipe_trace = Trace()
+        # Bounded: a long-lived runner that re-runs its KV phase keeps the latest events.
+        self.initpipe_trace = Trace(max_records=TRACE_MAX_RECORDS)
         self.initpipe_run = self._initpipe_start()
         self._initpipe_block_size: int | None = None
         self._initpipe_lock = threading.RLock()

@@ -106,3 +106,14 @@ def test_runs_can_share_one_trace_with_host_spans():
     second.load(model=0)
     assert second.trace is shared
     assert [e.name for e in shared.events] == ["load weights", "a", "b", "c", "a", "b", "c"]
+
+
+def test_bounded_trace_keeps_the_latest_events():
+    p = build()
+    run = p.start(trace=Trace(max_records=5))
+    run.load(model=0)
+    for i in range(10):
+        run.initialize_kv_cache(i)
+    events = run.trace.events
+    assert len(events) == 5
+    assert [e.generation for e in events] == [6, 7, 8, 9, 10]
