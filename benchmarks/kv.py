@@ -212,8 +212,8 @@ def run(smoke: bool = False) -> list[Row]:
               f"initialize_kv_cache on {pairs} fresh runner pairs, 8 MiB", True)
     ratio_row("KV re-init initpipe/stock (median)", times["initpipe"], times["stock"],
               f"both sides: _cleanup_profiling_kv_cache() + initialize_kv_cache(), num_blocks "
-              f"alternating {info['sizes']}, heap frozen as in a live engine, {repeats} "
-              f"alternated", True)
+              f"alternating {info['sizes']}, heap frozen as in a live engine, initpipe's "
+              f"per-stage progress lines logged as by default, {repeats} alternated", True)
     ratio_row("KV re-init initpipe/stock, unfrozen heap (median)", unfrozen["initpipe"],
               unfrozen["stock"], f"as above on an unfrozen heap (the cleanup's full "
               f"gc.collect dominates both sides), {unfrozen_repeats} alternated", True)
