@@ -39,18 +39,23 @@ def start(opt_in, extra="{}"):
     return line.split(" ", 2)[1:], res.stdout + res.stderr  # vLLM logs to stdout
 
 
-def test_installed_plugin_changes_nothing_without_opt_in():
-    (cls, _), _ = start(None)
+@pytest.fixture(scope="module")
+def without_opt_in():
+    return start(None)
+
+
+def test_installed_plugin_changes_nothing_without_opt_in(without_opt_in):
+    (cls, _), log = without_opt_in
     assert cls == "CPUModelRunner"
+    assert "initpipe:" not in log
 
 
-def test_opt_in_routes_the_stock_worker_to_the_pipelined_one_with_same_tokens():
-    (stock_cls, stock_tokens), _ = start("0")
-    (piped_cls, piped_tokens), err = start("1")
-    assert stock_cls == "CPUModelRunner"
+def test_opt_in_routes_the_stock_worker_to_the_pipelined_one_with_same_tokens(without_opt_in):
+    (_, stock_tokens), _ = without_opt_in
+    (piped_cls, piped_tokens), log = start("1")
     assert piped_cls == "PipelinedCPUModelRunner"
     assert piped_tokens == stock_tokens
-    assert "initpipe: vLLM workers initialize through the initpipe pipeline" in err
+    assert "initpipe: vLLM workers initialize through the initpipe pipeline" in log
 
 
 def test_explicit_worker_cls_is_left_alone():
