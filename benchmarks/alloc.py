@@ -74,6 +74,8 @@ def measure(size: int, repeats: int) -> tuple[dict[str, list[float]], int, int]:
 def run(smoke: bool = False) -> list[Row]:
     """Rows per size: floor/pipelined (target) and pipelined/stock."""
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    # The framework's cost at size: no per-stage log lines (see benchmarks.kv for both).
+    os.environ["INITPIPE_LOG_STAGES"] = "0"
     sizes = SMOKE_SIZES if smoke else SIZES
     device = live_pair()["initpipe"].device
     rows = []
@@ -86,7 +88,7 @@ def run(smoke: bool = False) -> list[Row]:
         detail = (f"{nbytes} bytes, {blocks} blocks, device {device}; initpipe min/med "
                   f"{p_min * 1e3:.1f}/{p_med * 1e3:.1f} ms; stock {s_min * 1e3:.1f}/"
                   f"{s_med * 1e3:.1f} ms; torch.zeros {f_min * 1e3:.1f}/{f_med * 1e3:.1f} ms; "
-                  f"{repeats} rotated repeats")
+                  f"{repeats} rotated repeats; INITPIPE_LOG_STAGES=0")
         floor_ratio = f_med / p_med
         rows.append(Row(bench="alloc", name=f"KV allocation {_label(size)}: torch.zeros/initpipe"
                         " (median)", value=round(floor_ratio, 4), unit="x",

@@ -32,6 +32,7 @@ from typing import Any
 from initpipe import KV, PhaseOrderError, Pipeline, StageError
 
 from .errors import UnsupportedRunnerError
+from .progress import log_phase
 from .types import InputBatchGeometry, RunnerSettings
 
 __all__ = [
@@ -202,6 +203,7 @@ class PipelinedRunnerMixin:
             except StageError as err:
                 self._initpipe_report(err)
                 raise
+            log_phase(run, "model")
             self._initpipe_block_size = block_size
             apply_model_outputs(self, outputs)
             return outputs
@@ -225,6 +227,7 @@ class PipelinedRunnerMixin:
                 self._initpipe_report(err)
                 raise
             apply_kv_outputs(self, model, outputs)
+            log_phase(self.initpipe_run, KV)
 
     def capture_model(self) -> Any:
         """vLLM's CUDA-graph capture, recorded as a span of the trace."""
