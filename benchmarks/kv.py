@@ -141,6 +141,7 @@ def reinit_samples(repeats: int, frozen: bool = True
 
     from vllm.utils.gc_utils import freeze_gc_heap
 
+    live_pair()  # built before the freeze, as an engine's runner exists before it freezes
     if frozen:
         freeze_gc_heap()
     try:

@@ -93,6 +93,12 @@ class Trace:
         """The most recent event."""
         return self._event(self._records[-1])
 
+    def tail(self, n: int) -> list[TraceEvent]:
+        """The ``n`` most recent events, oldest first (cheap on a long trace)."""
+        records = self._records
+        start = max(0, len(records) - n)
+        return [self._event(records[i]) for i in range(start, len(records))]
+
     @contextlib.contextmanager
     def span(self, name: str, phase: str = "host") -> Iterator[None]:
         """Record a host step outside the DAG (weight loading, profiling, ...) as a span."""

@@ -69,9 +69,11 @@ def log_phase(run: Any, phase: str) -> None:
     """One summary line for a completed phase: stage count, total and slowest stage."""
     if not logger.isEnabledFor(logging.INFO):
         return
-    durations = {e.name: e.duration for e in run.trace.events
-                 if e.kind == "stage" and e.phase == phase and e.outcome == "ok"
-                 and (phase != "kv_cache_config" or e.generation == run.kv_generation)}
+    # The phase's stage records are the last ones (listeners add none): read only those,
+    # not the whole (possibly long) trace.
+    count = len(run.pipeline.phase_order(phase))
+    durations = {e.name: e.duration for e in run.trace.tail(count)
+                 if e.kind == "stage" and e.phase == phase and e.outcome == "ok"}
     if not durations:
         return
     slowest = max(durations, key=durations.__getitem__)

@@ -117,3 +117,11 @@ def test_bounded_trace_keeps_the_latest_events():
     events = run.trace.events
     assert len(events) == 5
     assert [e.generation for e in events] == [6, 7, 8, 9, 10]
+
+
+def test_tail_returns_the_latest_events_oldest_first():
+    t = Trace()
+    for i in range(5):
+        t.record(f"s{i}", "model", "stage", 0.0, 1.0, "ok")
+    assert [e.name for e in t.tail(2)] == ["s3", "s4"]
+    assert [e.name for e in t.tail(10)] == [f"s{i}" for i in range(5)]
