@@ -33,7 +33,7 @@ inside the stage bodies only.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from initpipe import stage

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from subprocess import CompletedProcess
 
-import pytest
 from cli_support import MINI_CRITICAL, console_messages, needs_dot
 
 from initpipe._html import render_html
