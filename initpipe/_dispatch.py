@@ -83,12 +83,13 @@ def _unpack(step: Step, out: Any) -> Mapping[str, Any]:
 
 def run_steps(steps: list[Step], values: dict[str, Any], done: list[tuple[Step, Any, tuple]],
               records: MutableSequence[tuple[Any, ...]], generation: int,
-              listener: Callable[[Step, float, str], None] | None) -> None:
+              notify: Callable[[], None] | None) -> None:
     """Run ``steps`` in order.
 
     Each completed step is appended to ``done`` as ``(step, output, args)`` so the caller can
     tear it down; its outputs go into ``values``; one raw trace record per step goes into
-    ``records`` (see :meth:`Trace.record`). On failure raises :class:`Failed`.
+    ``records`` (see :meth:`Trace.record`); ``notify()`` is called after each record.
+    On failure raises :class:`Failed`.
     """
     append = records.append
     done_append = done.append
@@ -107,11 +108,11 @@ def run_steps(steps: list[Step], values: dict[str, Any], done: list[tuple[Step, 
             t1 = clock()
             append((step.name, step.phase, STAGE, t0, t1 - t0, "error", generation,
                     f"{type(err).__name__}: {err}"))
-            if listener is not None:
-                listener(step, t1 - t0, "error")
+            if notify is not None:
+                notify()
             raise Failed(step, err) from err
         t1 = clock()
         done_append((step, out, args))
         append((step.name, step.phase, STAGE, t0, t1 - t0, "ok", generation, None))
-        if listener is not None:
-            listener(step, t1 - t0, "ok")
+        if notify is not None:
+            notify()

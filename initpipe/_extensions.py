@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ._stage import StageSpec, get_spec
+from ._stage import get_spec
 from .errors import ExtensionError, InitpipeError
 
 if TYPE_CHECKING:
@@ -35,10 +35,6 @@ ENTRY_POINT_GROUP = "initpipe.stages"
 ENV_VAR = "INITPIPE_EXTENSIONS"
 
 
-def _mapping(value: Mapping[str, Any]) -> dict[str, Any]:
-    return dict(value)
-
-
 @attrs.frozen(kw_only=True)
 class Extension:
     """A set of changes to a pipeline, brought by one package.
@@ -51,7 +47,7 @@ class Extension:
     """
 
     name: str
-    replace: dict[str, Any] = attrs.field(factory=dict, converter=_mapping)
+    replace: dict[str, Any] = attrs.field(factory=dict, converter=dict)
     add: tuple[Any, ...] = attrs.field(default=(), converter=tuple)
     package: str | None = None
 
@@ -126,7 +122,3 @@ def apply_extensions(pipeline: Pipeline, extensions: Iterable[Extension]) -> Pip
                                  package=ext.package, problems=problems) from err
     return pipeline
 
-
-def spec_origin(spec: StageSpec) -> str:
-    """Where a stage came from: its package, or ``built-in``."""
-    return spec.package or "built-in"

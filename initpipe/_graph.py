@@ -26,9 +26,8 @@ from .errors import (
     UnknownStageError,
 )
 
-#: Phases of external inputs: ``start`` is given to ``Pipeline.start``.
+#: The phase of external inputs given to ``Pipeline.start``.
 START = "start"
-INPUT_PHASES = (START, MODEL, KV)
 _RANK = {MODEL: 0, KV: 1}
 
 
@@ -234,5 +233,5 @@ def validate(specs: list[StageSpec], inputs: Mapping[str, Mapping[str, Any]]
     return by_name, producer, g, problems
 
 
-__all__ = ["INPUT_PHASES", "PHASES", "REQUIRED", "START", "build_graph", "collect_specs",
+__all__ = ["PHASES", "REQUIRED", "START", "build_graph", "collect_specs",
            "edge_label", "normalize_inputs", "order_graph", "validate"]

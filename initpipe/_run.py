@@ -264,12 +264,13 @@ class Run:
             raise PhaseOrderError(f"{call} called on a closed run; call pipeline.start() "
                                   f"for a new one.")
 
-    def _listener(self) -> Callable[[Step, float, str], None] | None:
+    def _listener(self) -> Callable[[], None] | None:
+        """A callback handing the latest trace event to every listener (None: none)."""
         if not self._listeners:
             return None
         trace, listeners = self.trace, self._listeners
 
-        def emit(step: Step, duration: float, outcome: str) -> None:
+        def emit() -> None:
             ev = trace.last()
             for fn in listeners:
                 fn(ev)
@@ -326,7 +327,7 @@ class Run:
                 self.trace.record(spec.name, phase, TEARDOWN, t0, t1, outcome,
                                   self.kv_generation if phase == KV else 0, err_s)
                 if listener is not None:
-                    listener(step, t1 - t0, outcome)
+                    listener()
             for k in spec.provides:
                 self._values.pop(k, None)
             ran.append(spec.name)
