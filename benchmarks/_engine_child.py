@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     from vllm import LLM
 
-    from initpipe_vllm.equivalence import PIPELINED_WORKER, engine_kwargs
+    from initpipe_vllm.testing.equivalence import PIPELINED_WORKER, engine_kwargs
     from initpipe_vllm.testing import model_dir
 
     import_s = time.perf_counter() - t0

@@ -72,7 +72,7 @@ def soak(cycles: int, *, model: str = "tiny-llama", sizes: tuple[int, ...] = SIZ
     from vllm.config import set_current_vllm_config
 
     from initpipe_vllm.runner import pipelined_runner_class
-    from initpipe_vllm.snapshot import diff_snapshots, runner_snapshot
+    from initpipe_vllm.testing.snapshot import diff_snapshots, runner_snapshot
     from initpipe_vllm.testing import build_runner, plan_kv_cache_config, tiny_vllm_config
 
     cfg = tiny_vllm_config(model)

@@ -3,6 +3,14 @@
 Declare stages with :func:`stage`, assemble them into a :class:`Pipeline` (validated and
 ordered by networkx), then drive a :class:`Run`: ``start()`` -> ``load()`` (model phase)
 -> ``initialize_kv_cache()`` (re-runnable KV phase) -> ``close()``.
+
+What belongs in this package: the framework only; it imports attrs and networkx, never
+torch, vLLM or ``initpipe_vllm``. The core modules form a chain whose imports point down::
+
+    errors, files -> _stage -> _trace -> _dispatch -> _graph -> _run -> _extensions
+        -> _pipeline -> testing (fault injection)  -> view/ (export, drawings) -> cli/
+
+``view/`` turns a pipeline into pictures and data; ``cli/`` is the ``initpipe`` command.
 """
 
 from __future__ import annotations
@@ -12,23 +20,33 @@ from ._extensions import ENTRY_POINT_GROUP, Extension, apply_extensions
 from ._graph import REQUIRED
 from ._pipeline import Pipeline
 from ._run import Outputs, Run
-from ._stage import KV, MODEL, PHASES, StageSpec, get_spec, is_stage, stage
+from ._stage import KV, MODEL, PHASES, Phase, StageSpec, get_spec, is_stage, stage
 from ._trace import Trace, TraceEvent, blame, critical_path
 from .errors import (
     CycleError,
     DuplicateProducerError,
     DuplicateStageError,
+    ExportError,
     ExtensionError,
+    GraphProblem,
+    GraphvizError,
     InitpipeError,
+    InjectedFault,
     InputsError,
     MissingInputError,
+    NotAStageError,
     OutputNotAvailableError,
     PhaseOrderError,
     PhaseViolationError,
     PipelineValidationError,
     StageDeclarationError,
     StageError,
+    StageOutputError,
+    TargetError,
     TeardownError,
+    UnknownStageError,
+    UnknownStageNameError,
+    UsageError,
 )
 
 __version__ = "0.1.0"
@@ -42,13 +60,19 @@ __all__ = [
     "CycleError",
     "DuplicateProducerError",
     "DuplicateStageError",
+    "ExportError",
     "Extension",
     "ExtensionError",
+    "GraphProblem",
+    "GraphvizError",
     "InitpipeError",
+    "InjectedFault",
     "InputsError",
     "MissingInputError",
-    "Outputs",
+    "NotAStageError",
     "OutputNotAvailableError",
+    "Outputs",
+    "Phase",
     "PhaseOrderError",
     "PhaseViolationError",
     "Pipeline",
@@ -56,10 +80,15 @@ __all__ = [
     "Run",
     "StageDeclarationError",
     "StageError",
+    "StageOutputError",
     "StageSpec",
+    "TargetError",
     "TeardownError",
     "Trace",
     "TraceEvent",
+    "UnknownStageError",
+    "UnknownStageNameError",
+    "UsageError",
     "__version__",
     "apply_extensions",
     "blame",

@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, MutableSequence
 from operator import itemgetter
 from time import perf_counter
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._stage import StageSpec
-from ._trace import STAGE
+from ._trace import Record
 from .errors import StageOutputError
 
-__all__ = ["Failed", "Step", "run_steps"]
+__all__ = ["Completed", "Failed", "Step", "run_steps"]
 
 
 class Step:
@@ -40,7 +40,7 @@ class Step:
             self.call = lambda *args: fn(**dict(zip(names, args, strict=True)))
 
     def with_call(self, call: Callable[..., Any]) -> Step:
-        """Return a copy of this step that calls ``call`` instead (fault injection, wrappers)."""
+        """Return a copy of this step that calls ``call`` instead (wrappers, test faults)."""
         other = Step.__new__(Step)
         for slot in Step.__slots__:
             setattr(other, slot, getattr(self, slot))
@@ -58,8 +58,20 @@ def _gatherer(keys: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any,
     return lambda values: ()
 
 
+class Completed(NamedTuple):
+    """A step that ran to completion: what its teardown and a rollback need."""
+
+    step: Step
+    output: Any
+    args: tuple[Any, ...]
+
+
 class Failed(Exception):
-    """Internal: carries the failing step and its exception out of the loop."""
+    """Internal: carries the failing step and its exception out of the loop.
+
+    ``step`` either raised, or completed (it is then the last of ``done``) and a listener
+    raised on its event: either way the phase fails at ``step``.
+    """
 
     def __init__(self, step: Step, error: BaseException) -> None:
         super().__init__(step.name)
@@ -81,15 +93,17 @@ def _unpack(step: Step, out: Any) -> Mapping[str, Any]:
     return out
 
 
-def run_steps(steps: list[Step], values: dict[str, Any], done: list[tuple[Step, Any, tuple]],
-              records: MutableSequence[tuple[Any, ...]], generation: int,
+def run_steps(steps: tuple[Step, ...], values: dict[str, Any], done: list[Completed],
+              records: MutableSequence[Record], generation: int,
               notify: Callable[[], None] | None) -> None:
     """Run ``steps`` in order.
 
-    Each completed step is appended to ``done`` as ``(step, output, args)`` so the caller can
-    tear it down; its outputs go into ``values``; one raw trace record per step goes into
-    ``records`` (see :meth:`Trace.record`); ``notify()`` is called after each record.
-    On failure raises :class:`Failed`.
+    Each completed step is appended to ``done`` (a :class:`Completed`) so the caller can
+    tear it down; its outputs go into ``values``; one :class:`~initpipe._trace.Record` per
+    step goes into ``records``; ``notify()`` is called after each record.
+
+    Raises:
+        Failed: a stage raised, or ``notify()`` raised after a stage completed.
     """
     append = records.append
     done_append = done.append
@@ -106,13 +120,16 @@ def run_steps(steps: list[Step], values: dict[str, Any], done: list[tuple[Step, 
                 values[key] = out
         except BaseException as err:
             t1 = clock()
-            append((step.name, step.phase, STAGE, t0, t1 - t0, "error", generation,
-                    f"{type(err).__name__}: {err}"))
+            append(Record(step.name, step.phase, "stage", t0, t1 - t0, "error", generation,
+                          f"{type(err).__name__}: {err}"))
             if notify is not None:
                 notify()
             raise Failed(step, err) from err
         t1 = clock()
-        done_append((step, out, args))
-        append((step.name, step.phase, STAGE, t0, t1 - t0, "ok", generation, None))
+        done_append(Completed(step, out, args))
+        append(Record(step.name, step.phase, "stage", t0, t1 - t0, "ok", generation, None))
         if notify is not None:
-            notify()
+            try:
+                notify()
+            except BaseException as err:  # the stage completed: it is rolled back with the rest
+                raise Failed(step, err) from err

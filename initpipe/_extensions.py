@@ -16,23 +16,35 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
 import attrs
 
-from ._stage import get_spec
+from ._stage import StageSpec, get_spec
 from .errors import ExtensionError, InitpipeError
 
 if TYPE_CHECKING:
     from importlib import metadata
-
-    from ._pipeline import Pipeline
 
 __all__ = ["ENTRY_POINT_GROUP", "ENV_VAR", "Extension", "apply_extensions", "available",
            "enabled_names", "load_extension"]
 
 ENTRY_POINT_GROUP = "initpipe.stages"
 ENV_VAR = "INITPIPE_EXTENSIONS"
+
+
+class Extensible(Protocol):
+    """What extensions change (:class:`initpipe.Pipeline` is one); declared here so this
+    module sits below the pipeline, which applies extensions from ``with_extensions``."""
+
+    @property
+    def specs(self) -> Mapping[str, StageSpec]: ...
+    def replace(self, name: str, new: Any, *, package: str | None = None) -> Self: ...
+    def add(self, new: Any, *, after: str | Iterable[str] = (),
+            before: str | Iterable[str] = (), package: str | None = None) -> Self: ...
+
+
+P = TypeVar("P", bound=Extensible)
 
 
 @attrs.frozen(kw_only=True)
@@ -96,7 +108,7 @@ def load_extension(name: str, eps: Mapping[str, metadata.EntryPoint] | None = No
     raise ExtensionError(msg, extension=name, package=package)
 
 
-def apply_extensions(pipeline: Pipeline, extensions: Iterable[Extension]) -> Pipeline:
+def apply_extensions(pipeline: P, extensions: Iterable[Extension]) -> P:
     """Return ``pipeline`` with each extension applied in turn.
 
     A stage in ``add`` whose name already exists replaces that stage.

@@ -6,12 +6,14 @@ import difflib
 import importlib
 import types
 from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import attrs
 import networkx as nx
 
 from ._dispatch import Step
+from ._extensions import apply_extensions, available, enabled_names, load_extension
 from ._graph import START, collect_specs, edge_label, normalize_inputs, order_graph, validate
 from ._run import Listener, Run, bind_inputs
 from ._stage import KV, MODEL, PHASES, StageSpec, get_spec
@@ -25,6 +27,10 @@ InputDecl = Sequence[str] | Mapping[str, Any]
 
 class Pipeline:
     """A validated DAG of stages, ordered by networkx, with per-phase external inputs.
+
+    Immutable: the graph is frozen (``nx.freeze``), ``specs``, ``inputs`` and
+    ``producers_by_stage`` are read-only mappings, ``order`` returns a copy; derive variants
+    with :meth:`replace`, :meth:`add` and :meth:`with_extensions`.
 
     Args:
         stages: ``@stage`` functions (or StageSpecs), in any order.
@@ -42,26 +48,64 @@ class Pipeline:
     def __init__(self, stages: Iterable[Any], *, start_inputs: InputDecl = (),
                  model_inputs: InputDecl = ("model",),
                  kv_inputs: InputDecl = ("kv_cache_config",), name: str = "pipeline") -> None:
-        self.name = name
-        self.inputs: dict[str, dict[str, Any]] = {
-            START: normalize_inputs(start_inputs), MODEL: normalize_inputs(model_inputs),
-            KV: normalize_inputs(kv_inputs)}
+        self._name = name
+        inputs = {START: normalize_inputs(start_inputs), MODEL: normalize_inputs(model_inputs),
+                  KV: normalize_inputs(kv_inputs)}
+        self._inputs: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+            {phase: MappingProxyType(declared) for phase, declared in inputs.items()})
         specs, problems = collect_specs(stages)
-        by_name, producers, graph, more = validate(specs, self.inputs)
+        by_name, producers, graph, more = validate(specs, inputs)
         problems += more
         if problems:
             raise PipelineValidationError(problems)
-        self.graph: nx.DiGraph = graph
-        self.order: list[str] = order_graph(graph)
-        #: Stage specs by name, in execution order.
-        self.specs: dict[str, StageSpec] = {n: by_name[n] for n in self.order}
-        #: Output key -> name of the stage that provides it.
-        self.producers_by_stage: dict[str, str] = {
-            k: v for k, v in producers.items() if not v.startswith("input:")}
+        self._graph: nx.DiGraph = nx.freeze(graph)
+        self._order: tuple[str, ...] = tuple(order_graph(graph))
+        self._specs: Mapping[str, StageSpec] = MappingProxyType(
+            {n: by_name[n] for n in self._order})
+        self._producers: Mapping[str, str] = MappingProxyType(
+            {k: v for k, v in producers.items() if not v.startswith("input:")})
         # Dispatch-ready steps per phase, prepared once (runs share them; they are immutable).
-        self._steps: dict[str, tuple[Step, ...]] = {
-            phase: tuple(Step(self.specs[n]) for n in self.phase_order(phase))
-            for phase in PHASES}
+        self._steps: Mapping[str, tuple[Step, ...]] = MappingProxyType({
+            phase: tuple(Step(self._specs[n]) for n in self.phase_order(phase))
+            for phase in PHASES})
+
+    # -- read-only state -----------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """A label for messages and drawings."""
+        return self._name
+
+    @property
+    def inputs(self) -> Mapping[str, Mapping[str, Any]]:
+        """Declared external inputs per phase (``start``, ``model``, ``kv_cache_config``):
+        name -> default (:data:`initpipe.REQUIRED` for none)."""
+        return self._inputs
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        """The frozen networkx graph: nodes are stage names (attribute ``spec``); an edge
+        carries ``keys`` (data keys) and ``order`` (an ``after``/``before`` made it)."""
+        return self._graph
+
+    @property
+    def order(self) -> list[str]:
+        """Stage names in execution order (a copy)."""
+        return list(self._order)
+
+    @property
+    def specs(self) -> Mapping[str, StageSpec]:
+        """Stage specs by name, in execution order (read-only)."""
+        return self._specs
+
+    @property
+    def producers_by_stage(self) -> Mapping[str, str]:
+        """Output key -> name of the stage that provides it (read-only)."""
+        return self._producers
+
+    @property
+    def steps(self) -> Mapping[str, tuple[Step, ...]]:
+        """Dispatch-ready steps per phase, in order (what a :class:`Run` executes)."""
+        return self._steps
 
     # -- construction --------------------------------------------------------------------
     @classmethod
@@ -140,8 +184,6 @@ class Pipeline:
             ExtensionError: an extension is unknown, fails to import, or breaks the graph
                 (the error names the package).
         """
-        from ._extensions import apply_extensions, available, enabled_names, load_extension
-
         wanted = enabled_names() if names is None else names
         if not wanted:
             return self

@@ -7,16 +7,19 @@ methods hold one lock, so concurrent calls are serialized (one waits for the oth
 
 from __future__ import annotations
 
+import difflib
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal, Protocol
 
-from ._dispatch import Failed, Step, run_steps
+import networkx as nx
+
+from ._dispatch import Completed, Failed, Step, run_steps
 from ._graph import REQUIRED
-from ._stage import KV, MODEL
-from ._trace import TEARDOWN, Trace, TraceEvent, blame, critical_path
+from ._stage import KV, MODEL, Phase, StageSpec
+from ._trace import TEARDOWN, Outcome, Trace, TraceEvent, blame, critical_path
 from .errors import (
     InputsError,
     OutputNotAvailableError,
@@ -25,12 +28,34 @@ from .errors import (
     TeardownError,
 )
 
-if TYPE_CHECKING:
-    from ._pipeline import Pipeline
+__all__ = ["Listener", "Outputs", "PipelineLike", "Run", "RunState"]
 
-__all__ = ["Outputs", "Run"]
-
+#: Called with each :class:`TraceEvent` after a stage run or teardown.
 Listener = Callable[[TraceEvent], None]
+#: Where a run stands: before ``load()``, after it, or after ``close()``.
+RunState = Literal["started", "loaded", "closed"]
+
+
+class PipelineLike(Protocol):
+    """What a :class:`Run` reads from its pipeline (:class:`initpipe.Pipeline` is one).
+
+    Declared here, not imported, so the run sits below the pipeline that starts it.
+    """
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def graph(self) -> nx.DiGraph: ...
+    @property
+    def inputs(self) -> Mapping[str, Mapping[str, Any]]: ...
+    @property
+    def specs(self) -> Mapping[str, StageSpec]: ...
+    @property
+    def producers_by_stage(self) -> Mapping[str, str]: ...
+    @property
+    def steps(self) -> Mapping[str, tuple[Step, ...]]: ...
+    def stage(self, name: str) -> StageSpec: ...
+    def phase_order(self, phase: str) -> list[str]: ...
 
 
 def bind_inputs(phase: str, call: str, declared: Mapping[str, Any],
@@ -76,34 +101,38 @@ class Run:
     """One initialization: created by :meth:`Pipeline.start`, driven phase by phase.
 
     Attributes:
-        pipeline: the validated Pipeline.
+        pipeline: the validated :class:`~initpipe.Pipeline` that started the run.
         trace: the :class:`Trace` of every stage run, teardown and host span.
         outputs: read-only mapping of the stage outputs that exist now.
         state: ``started``, ``loaded`` or ``closed``.
         kv_generation: how many times the KV phase has completed or been attempted.
     """
 
-    def __init__(self, pipeline: Pipeline, start_values: dict[str, Any],
+    def __init__(self, pipeline: PipelineLike, start_values: dict[str, Any],
                  listeners: tuple[Listener, ...] = (), trace: Trace | None = None) -> None:
         self.pipeline = pipeline
         self.trace = Trace() if trace is None else trace
         self.outputs = Outputs(self)
-        self.state = "started"
+        self.state: RunState = "started"
         self.kv_generation = 0
         self._values: dict[str, Any] = dict(start_values)
-        self._done: dict[str, list[tuple[Step, Any, tuple]]] = {MODEL: [], KV: []}
+        self._done: dict[str, list[Completed]] = {MODEL: [], KV: []}
         self._phase_inputs: dict[str, tuple[str, ...]] = {MODEL: (), KV: ()}
         self._listeners = list(listeners)
         self._lock = threading.Lock()
-        # Run-local copy: fault injection swaps steps here without touching the pipeline.
-        self._steps: dict[str, tuple[Step, ...]] = dict(pipeline._steps)
-        self._faults: dict[str, tuple[BaseException, bool]] = {}
-        self._after_fault: tuple[Step, Any, tuple] | None = None
+        # Run-local copy of the pipeline's steps: initpipe.testing swaps a step here to
+        # inject a fault into this run only.
+        self._steps: dict[str, tuple[Step, ...]] = dict(pipeline.steps)
 
     # -- observation ---------------------------------------------------------------------
     def add_listener(self, fn: Listener) -> None:
         """Call ``fn(event)`` after every stage run and teardown (progress, logging)."""
         self._listeners.append(fn)
+
+    def remove_listener(self, fn: Listener) -> None:
+        """Undo :meth:`add_listener` (no error if ``fn`` is not registered)."""
+        if fn in self._listeners:
+            self._listeners.remove(fn)
 
     @property
     def kv_ready(self) -> bool:
@@ -112,7 +141,7 @@ class Run:
 
     def completed(self, phase: str) -> list[str]:
         """Stage names completed (and not torn down) in ``phase``, in order."""
-        return [s.name for s, _, _ in self._done[phase]]
+        return [c.step.name for c in self._done[phase]]
 
     def critical_path(self) -> list[tuple[str, float]]:
         """The longest chain of stages weighted by their latest durations."""
@@ -216,48 +245,6 @@ class Run:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- fault injection (tests) ---------------------------------------------------------
-    def inject_fault(self, stage: str, error: BaseException | None = None, *,
-                     after: bool = False) -> None:
-        """Test-only: make ``stage`` fail on its next runs, without editing the stage.
-
-        Args:
-            stage: the stage name.
-            error: the exception to raise (default: ``RuntimeError("injected fault")``).
-            after: raise right after the stage completed (its output exists and is rolled
-                back like any completed stage's) instead of before it runs.
-
-        Raises:
-            UnknownStageNameError: no such stage.
-        """
-        spec = self.pipeline.stage(stage)
-        with self._lock:
-            self._faults[stage] = (error or RuntimeError(f"injected fault in {stage!r}"), after)
-            self._rebuild_steps(spec.needs)
-
-    def clear_faults(self) -> None:
-        """Remove every injected fault."""
-        with self._lock:
-            self._faults.clear()
-            self._steps = dict(self.pipeline._steps)
-
-    def _rebuild_steps(self, phase: str) -> None:
-        steps = []
-        for step in self.pipeline._steps[phase]:
-            fault = self._faults.get(step.name)
-            steps.append(step if fault is None else step.with_call(self._faulty(step, *fault)))
-        self._steps[phase] = tuple(steps)
-
-    def _faulty(self, step: Step, error: BaseException, after: bool) -> Callable[..., Any]:
-        real = step.call
-
-        def call(*args: Any) -> Any:
-            if after:
-                self._after_fault = (step, real(*args), args)
-            raise error
-
-        return call
-
     # -- internals -----------------------------------------------------------------------
     def _check_open(self, call: str) -> None:
         if self.state == "closed":
@@ -277,34 +264,26 @@ class Run:
 
         return emit
 
-    def _run_phase(self, phase: str, values: dict[str, Any], generation: int) -> None:
+    def _run_phase(self, phase: Phase, values: dict[str, Any], generation: int) -> None:
         self._values.update(values)
         self._phase_inputs[phase] = tuple(values)
         done = self._done[phase]
         try:
-            run_steps(self._steps[phase], self._values, done, self.trace._records, generation,
+            run_steps(self._steps[phase], self._values, done, self.trace.records, generation,
                       self._listener())
         except Failed as failed:
-            if self._after_fault is not None:  # an injected fault after a completed stage
-                step, out, args = self._after_fault
-                self._after_fault = None
-                if step.key is None:
-                    self._values.update(out)
-                else:
-                    self._values[step.key] = out
-                done.append((step, out, args))
-            completed = [s.name for s, _, _ in done]
+            completed = [c.step.name for c in done]
+            rolled: list[str]
+            td_err: TeardownError | None
             try:
-                rolled = self._teardown_phase(phase)
-                td_err = None
-            except TeardownError as err:
-                rolled, td_err = completed[::-1], err
-            spec = failed.step.spec
-            err = StageError(spec.name, spec.qualname, phase, completed, rolled,
-                             failed.error, td_err)
+                rolled, td_err = self._teardown_phase(phase), None
+            except TeardownError as teardown_err:
+                rolled, td_err = completed[::-1], teardown_err
             if not isinstance(failed.error, Exception):
                 raise failed.error from None  # KeyboardInterrupt etc.: rolled back, re-raised
-            raise err from failed.error
+            spec = failed.step.spec
+            raise StageError(spec.name, spec.qualname, phase, completed, rolled, failed.error,
+                             td_err) from failed.error
 
     def _teardown_phase(self, phase: str) -> list[str]:
         done = self._done[phase]
@@ -317,9 +296,10 @@ class Run:
             if spec.teardown is not None:
                 named = dict(zip(spec.inputs, args, strict=True))
                 t0 = perf_counter()
+                outcome: Outcome = "ok"
+                err_s: str | None = None
                 try:
                     spec.teardown(out, *[named[k] for k in spec.teardown_inputs])
-                    outcome, err_s = "ok", None
                 except Exception as err:  # every teardown runs; one error reports them all
                     failures.append((spec.name, err))
                     outcome, err_s = "error", f"{type(err).__name__}: {err}"
@@ -352,8 +332,6 @@ class Run:
         for phase, keys in p.inputs.items():
             if key in keys:
                 return f"{key!r} is an input of the {phase!r} phase, not a stage output."
-        import difflib
-
         close = difflib.get_close_matches(key, list(p.producers_by_stage), n=3)
         hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
         return f"no stage provides {key!r}.{hint}"

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any, Final, Literal, TypeVar, overload
 
 import attrs
 
 from .errors import StageDeclarationError
 
-__all__ = ["MODEL", "KV", "PHASES", "StageSpec", "get_spec", "is_stage", "stage"]
+__all__ = ["KV", "MODEL", "PHASES", "Phase", "StageSpec", "get_spec", "is_stage", "stage"]
 
-MODEL = "model"
-KV = "kv_cache_config"
+#: A stage's phase: what it needs before it can run.
+Phase = Literal["model", "kv_cache_config"]
+MODEL: Final = "model"
+KV: Final = "kv_cache_config"
 #: The stage phases, in execution order.
-PHASES = (MODEL, KV)
+PHASES: Final[tuple[Phase, Phase]] = (MODEL, KV)
 
 SPEC_ATTR = "__initpipe_stage__"
 
@@ -53,7 +55,7 @@ class StageSpec:
 
     name: str
     func: Callable[..., Any] = attrs.field(repr=False)
-    needs: str = attrs.field(validator=attrs.validators.in_(PHASES))
+    needs: Phase = attrs.field(validator=attrs.validators.in_(PHASES))
     inputs: tuple[str, ...]
     provides: tuple[str, ...]
     teardown: Callable[..., Any] | None = attrs.field(default=None, repr=False)
@@ -166,10 +168,24 @@ def make_spec(func: Any, *, needs: Any, provides: str | Iterable[str] | None = N
                      positional=not kwonly)
 
 
-def stage(func: F | None = None, *, needs: str, provides: str | Iterable[str] | None = None,
+@overload
+def stage(func: F, *, needs: Phase, provides: str | Iterable[str] | None = None,
           name: str | None = None, teardown: Callable[..., Any] | None = None,
           effects: Iterable[str] = (), after: str | Iterable[str] = (),
-          before: str | Iterable[str] = ()) -> Any:
+          before: str | Iterable[str] = ()) -> F: ...
+
+
+@overload
+def stage(func: None = None, *, needs: Phase, provides: str | Iterable[str] | None = None,
+          name: str | None = None, teardown: Callable[..., Any] | None = None,
+          effects: Iterable[str] = (), after: str | Iterable[str] = (),
+          before: str | Iterable[str] = ()) -> Callable[[F], F]: ...
+
+
+def stage(func: F | None = None, *, needs: Phase, provides: str | Iterable[str] | None = None,
+          name: str | None = None, teardown: Callable[..., Any] | None = None,
+          effects: Iterable[str] = (), after: str | Iterable[str] = (),
+          before: str | Iterable[str] = ()) -> F | Callable[[F], F]:
     """Mark a plain function as a stage and return it unchanged.
 
     Args:

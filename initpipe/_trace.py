@@ -1,6 +1,7 @@
 """Per-stage trace: what ran, when, for how long, and how it ended.
 
-The hot loop appends plain tuples (cheap); :class:`TraceEvent` objects are built on read.
+The hot loop appends :class:`Record` named tuples (cheap); :class:`TraceEvent` objects, with
+times relative to the trace's start, are built on read.
 Exports: initpipe JSON (``to_dict``/``write_json``) and Chrome trace-event JSON
 (``to_chrome``/``write_chrome``; opens in Perfetto or chrome://tracing).
 """
@@ -9,21 +10,40 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections import deque
 import os
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 import attrs
 import networkx as nx
 
-__all__ = ["Trace", "TraceEvent", "blame", "critical_path"]
+from .files import write_file
 
-STAGE = "stage"
-TEARDOWN = "teardown"
-SPAN = "span"
+__all__ = ["EventKind", "Outcome", "Record", "Trace", "TraceEvent", "blame", "critical_path"]
+
+#: What a trace event records: a stage run, a stage's teardown, or a host step (span).
+EventKind = Literal["stage", "teardown", "span"]
+#: How it ended.
+Outcome = Literal["ok", "error"]
+STAGE: EventKind = "stage"
+TEARDOWN: EventKind = "teardown"
+SPAN: EventKind = "span"
+
+
+class Record(NamedTuple):
+    """One raw trace entry, as the hot loop appends it (absolute ``perf_counter`` start)."""
+
+    name: str
+    phase: str
+    kind: EventKind
+    start: float
+    duration: float
+    outcome: Outcome
+    generation: int
+    error: str | None
 
 
 @attrs.frozen(kw_only=True)
@@ -43,10 +63,10 @@ class TraceEvent:
 
     name: str
     phase: str
-    kind: str
+    kind: EventKind
     start: float
     duration: float
-    outcome: str
+    outcome: Outcome
     generation: int = 0
     error: str | None = None
 
@@ -67,19 +87,22 @@ class Trace:
     def __init__(self, max_records: int | None = None) -> None:
         self.origin = time.perf_counter()
         self.wall_origin = time.time()
-        self._records: deque[tuple[Any, ...]] = deque(maxlen=max_records)
+        self._records: deque[Record] = deque(maxlen=max_records)
 
-    def record(self, name: str, phase: str, kind: str, t0: float, t1: float, outcome: str,
-               generation: int = 0, error: str | None = None) -> None:
-        """Append one event; ``t0``/``t1`` are ``time.perf_counter()`` values.
+    @property
+    def records(self) -> deque[Record]:
+        """The raw records, oldest first (the hot loop appends to this deque directly)."""
+        return self._records
 
-        The hot loop appends the same raw tuple (start, duration) to ``_records`` directly.
-        """
-        self._records.append((name, phase, kind, t0, t1 - t0, outcome, generation, error))
+    def record(self, name: str, phase: str, kind: EventKind, t0: float, t1: float,
+               outcome: Outcome, generation: int = 0, error: str | None = None) -> None:
+        """Append one event; ``t0``/``t1`` are ``time.perf_counter()`` values."""
+        self._records.append(Record(name, phase, kind, t0, t1 - t0, outcome, generation, error))
 
-    def _event(self, r: tuple[Any, ...]) -> TraceEvent:
-        return TraceEvent(name=r[0], phase=r[1], kind=r[2], start=r[3] - self.origin,
-                          duration=r[4], outcome=r[5], generation=r[6], error=r[7])
+    def _event(self, r: Record) -> TraceEvent:
+        return TraceEvent(name=r.name, phase=r.phase, kind=r.kind, start=r.start - self.origin,
+                          duration=r.duration, outcome=r.outcome, generation=r.generation,
+                          error=r.error)
 
     @property
     def events(self) -> list[TraceEvent]:
@@ -113,7 +136,8 @@ class Trace:
 
     def durations(self) -> dict[str, float]:
         """Latest successful duration of each stage (re-runs overwrite earlier ones)."""
-        return {r[0]: r[4] for r in self._records if r[2] == STAGE and r[5] == "ok"}
+        return {r.name: r.duration for r in self._records
+                if r.kind == STAGE and r.outcome == "ok"}
 
     def to_dict(self, graph: nx.DiGraph | None = None) -> dict[str, Any]:
         """Return ``{"version", "wall_origin", "events", "critical_path"?}`` as plain data."""
@@ -141,11 +165,11 @@ class Trace:
         return {"traceEvents": meta + events, "displayTimeUnit": "ms"}
 
     def write_json(self, path: str | os.PathLike[str], graph: nx.DiGraph | None = None) -> Path:
-        """Write :meth:`to_dict` to ``path`` atomically and return the path."""
+        """Write :meth:`to_dict` to ``path`` (see :func:`initpipe.files.write_file`)."""
         return _write(path, self.to_dict(graph))
 
     def write_chrome(self, path: str | os.PathLike[str]) -> Path:
-        """Write :meth:`to_chrome` to ``path`` atomically and return the path."""
+        """Write :meth:`to_chrome` to ``path`` (see :func:`initpipe.files.write_file`)."""
         return _write(path, self.to_chrome())
 
     @classmethod
@@ -154,18 +178,14 @@ class Trace:
         t = cls()
         t.wall_origin = data.get("wall_origin", t.wall_origin)
         for e in data["events"]:
-            t._records.append((e["name"], e["phase"], e["kind"], t.origin + e["start"],
-                               e["duration"],
-                               e["outcome"], e.get("generation", 0), e.get("error")))
+            t._records.append(Record(e["name"], e["phase"], e["kind"], t.origin + e["start"],
+                                     e["duration"], e["outcome"], e.get("generation", 0),
+                                     e.get("error")))
         return t
 
 
 def _write(path: str | os.PathLike[str], data: Any) -> Path:
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(p)
-    return p
+    return write_file(path, json.dumps(data, indent=1))
 
 
 def critical_path(graph: nx.DiGraph, durations: Mapping[str, float]) -> list[tuple[str, float]]:

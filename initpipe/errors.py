@@ -21,7 +21,15 @@ working. The facts in a message also ride on attributes that tests and tools can
     ├── UnknownStageNameError (KeyError)       an API call names a stage the pipeline lacks
     ├── StageOutputError (TypeError)           a stage returned the wrong shape of outputs
     ├── StageError (RuntimeError)              a stage raised; names it and what completed
-    └── TeardownError (RuntimeError)           one or more teardowns raised; lists them all
+    ├── TeardownError (RuntimeError)           one or more teardowns raised; lists them all
+    ├── InjectedFault (RuntimeError)           raised by ``initpipe.testing`` fault injection
+    ├── UsageError                             bad command-line input (the CLI exits 2)
+    ├── TargetError                            a CLI target names no module/pipeline
+    ├── ExportError (ValueError)               a saved graph export cannot be read
+    └── GraphvizError (RuntimeError)           Graphviz's ``dot`` is missing or failed
+
+The vLLM catalog's errors (``initpipe_vllm.errors``) derive from :class:`InitpipeError`
+too, so ``except initpipe.InitpipeError`` catches everything either package raises.
 """
 
 from __future__ import annotations
@@ -33,9 +41,12 @@ __all__ = [
     "CycleError",
     "DuplicateProducerError",
     "DuplicateStageError",
+    "ExportError",
     "ExtensionError",
     "GraphProblem",
+    "GraphvizError",
     "InitpipeError",
+    "InjectedFault",
     "InputsError",
     "MissingInputError",
     "NotAStageError",
@@ -46,9 +57,11 @@ __all__ = [
     "StageDeclarationError",
     "StageError",
     "StageOutputError",
+    "TargetError",
     "TeardownError",
     "UnknownStageError",
     "UnknownStageNameError",
+    "UsageError",
 ]
 
 
@@ -363,3 +376,25 @@ class StageError(InitpipeError, RuntimeError):
         if teardown_error is not None:
             msg += f"\n  rollback errors: {teardown_error}"
         super().__init__(msg)
+
+
+class UsageError(InitpipeError):
+    """Bad command-line input: unknown target, bad flag value, missing tool (exit 2)."""
+
+
+class TargetError(InitpipeError):
+    """A command-line target cannot be resolved (bad module path, missing attribute, wrong
+    kind of object)."""
+
+
+class ExportError(InitpipeError, ValueError):
+    """A saved graph export or trace file cannot be read."""
+
+
+class GraphvizError(InitpipeError, RuntimeError):
+    """Graphviz's ``dot`` is not installed (the message gives the install command) or
+    failed."""
+
+
+class InjectedFault(InitpipeError, RuntimeError):
+    """The default error of a fault injected with :mod:`initpipe.testing`."""

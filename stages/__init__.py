@@ -1,17 +1,35 @@
-"""The vLLM 0.32.0 stage catalog (import name ``initpipe_vllm``).
+"""The vLLM 0.32.0 stage catalog: folder ``stages/``, import name ``initpipe_vllm``.
+
+Why two names: vLLM resolves ``worker_cls="initpipe_vllm.worker.PipelinedWorker"`` by its
+qualified name inside every spawned worker process, where a user's own module called
+``stages`` on the path could shadow a bare ``import stages``. The folder keeps the
+design's name; ``pyproject.toml`` (``[tool.setuptools.package-dir]``) installs it as
+``initpipe_vllm``. Every path below is relative to ``stages/``.
 
 ``GPUModelRunner``'s initialization (``vllm/v1/worker/gpu_model_runner.py``:
 ``get_kv_cache_spec`` and ``initialize_kv_cache`` with everything they call) rebuilt as
-initpipe stages that call vLLM's own building blocks:
+initpipe stages that call vLLM's own building blocks. What belongs at this level is the
+catalog itself — stages and the values they pass — and nothing else:
 
 - :mod:`.model_phase` — facts about the loaded model's attention layers (needs ``model``);
 - :mod:`.kv_phase` — the runner's working config, attention groups, cudagraph mode,
   kernel block sizes, metadata builders and input batch (needs ``kv_cache_config``);
 - :mod:`.kv_tensors` — allocation, KV-sharing aliases, binding, connector registration;
-- :mod:`.runner` — the pipelined runner and the one adapter that writes results onto it;
-- :mod:`.worker` — worker classes usable as ``worker_cls="initpipe_vllm.worker...."``;
-- :mod:`.snapshot` / :mod:`.equivalence` — the runner state as plain data, and the
-  stock-vs-pipelined comparison (``python -m initpipe_vllm.equivalence --model DIR``).
+- :mod:`.types` — the plain records stages read instead of runner attributes;
+- :mod:`.errors` — the catalog's error tree (rooted in ``initpipe.InitpipeError``).
+
+Around it, one folder per concern, imports pointing down (catalog <- hook <- testing <-
+tools):
+
+- ``hook/`` — the vLLM integration: pipelined runner and worker, plugin, progress;
+- ``testing/`` — the test kit: pytest plugin, ``runner_snapshot``, the stock-vs-pipelined
+  equivalence harness, runner builders;
+- ``tools/`` — ``initpipe run`` and ``initpipe plan``;
+- ``models/`` — the embedded tiny model configs.
+
+``worker.py``, ``runner.py`` and ``pytest_plugin.py`` are thin re-exports that keep the
+dotted names vLLM, pickling and users' tests resolve (``initpipe_vllm.worker.PipelinedWorker``,
+``initpipe_vllm.runner.Pipelined*``, ``initpipe_vllm.pytest_plugin``).
 
 Importing this package imports neither torch nor vllm, so the graph can be drawn at once:
 ``Pipeline.from_module("initpipe_vllm")`` or :func:`catalog`.
@@ -22,7 +40,15 @@ from __future__ import annotations
 from typing import Any
 
 from initpipe import REQUIRED, Pipeline
+from initpipe._extensions import enabled_names
 
+from .errors import (
+    CatalogError,
+    InitpipeVllmError,
+    KVCacheConfigError,
+    ModelPhaseError,
+    UnsupportedRunnerError,
+)
 from .kv_phase import (
     attention_groups,
     cudagraph_mode,
@@ -111,8 +137,6 @@ def catalog(extensions: list[str] | str | None = None) -> Pipeline:
     Raises:
         initpipe.ExtensionError: an enabled extension is missing or breaks the graph.
     """
-    from initpipe._extensions import enabled_names
-
     wanted = enabled_names() if extensions is None else extensions
     if not wanted:
         return base_catalog()
@@ -129,5 +153,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["INITPIPE_INPUTS", "STAGES", "base_catalog", "catalog",
-           *(s.__name__ for s in STAGES)]
+__all__ = ["INITPIPE_INPUTS", "STAGES", "CatalogError", "InitpipeVllmError",
+           "KVCacheConfigError", "ModelPhaseError", "UnsupportedRunnerError", "base_catalog",
+           "catalog", *(s.__name__ for s in STAGES)]

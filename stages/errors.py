@@ -1,24 +1,35 @@
-"""Errors the vLLM catalog raises for bad inputs, each naming the culprit.
+"""Every error the vLLM catalog and its integration raise, each naming the culprit.
 
 ::
 
-    CatalogError (ValueError)
-    ├── KVCacheConfigError      a KVCacheConfig that does not fit the loaded model
-    └── ModelPhaseError         model-phase facts that do not hold (e.g. a sharing target
-                                that is not an attention layer)
-    UnsupportedRunnerError (NotImplementedError)
-                                a runner/worker variant the catalog does not cover
+    initpipe.InitpipeError
+    └── InitpipeVllmError                      root of this package's errors
+        ├── CatalogError (ValueError)           bad input to a catalog stage
+        │   ├── KVCacheConfigError              a KVCacheConfig that does not fit the model
+        │   └── ModelPhaseError                 model-phase facts that do not hold (e.g. a
+        │                                       sharing target that is not attention)
+        └── UnsupportedRunnerError (NotImplementedError)
+                                                a vLLM version, runner or worker variant
+                                                the catalog does not cover
 
-They subclass the builtin they mean so callers that catch ``ValueError`` keep working; the
-facts ride on attributes (``.layer``, ``.field``) that tests assert on.
+They subclass the builtin they mean so callers that catch ``ValueError`` or
+``NotImplementedError`` keep working, and ``initpipe.InitpipeError`` catches both packages'
+errors. The facts ride on attributes (``.layer``, ``.field``) that tests assert on.
 """
 
 from __future__ import annotations
 
-__all__ = ["CatalogError", "KVCacheConfigError", "ModelPhaseError", "UnsupportedRunnerError"]
+from initpipe.errors import InitpipeError
+
+__all__ = ["CatalogError", "InitpipeVllmError", "KVCacheConfigError", "ModelPhaseError",
+           "UnsupportedRunnerError"]
 
 
-class CatalogError(ValueError):
+class InitpipeVllmError(InitpipeError):
+    """Base class of every error ``initpipe_vllm`` raises."""
+
+
+class CatalogError(InitpipeVllmError, ValueError):
     """Base class of the catalog's input errors."""
 
 
@@ -44,5 +55,5 @@ class ModelPhaseError(CatalogError):
         self.layer = layer
 
 
-class UnsupportedRunnerError(NotImplementedError):
+class UnsupportedRunnerError(InitpipeVllmError, NotImplementedError):
     """The runner or worker variant is not covered by the catalog (says which)."""

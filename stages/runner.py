@@ -1,39 +1,26 @@
-"""The pipelined model runner and the one adapter that writes stage outputs onto it.
+"""Stable dotted names ``initpipe_vllm.runner.Pipelined<Runner>`` and the runner helpers.
 
-What belongs here: the integration layer between an initpipe ``Run`` of the catalog and
-vLLM's ``GPUModelRunner`` (``vllm/v1/worker/gpu_model_runner.py``). It replaces the runner
-methods ``get_kv_cache_spec``, ``initialize_kv_cache`` and ``_cleanup_profiling_kv_cache``
-(and hooks ``shutdown``); everything else — ``execute_model``, ``capture_model``,
-``profile_run``, the worker — runs unchanged because :func:`apply_kv_outputs` writes the
-same attributes vLLM's own methods would, in one visible place.
-
-Phase triggers:
-
-- model phase: when the engine first calls ``get_kv_cache_spec()`` (memoized). Not in
-  ``load_model``: the executor calls ``current_platform.update_block_size_for_backend``
-  only after ``load_model`` returns, and the KV specs read the final block size. If the
-  block size changes after the phase ran and no KV phase is in place, the model phase is
-  run again; with a KV phase in place that is an error.
-- KV phase: every ``initialize_kv_cache`` call (vLLM's profiling pass included); a
-  previous KV phase is torn down first, so the runner can be re-initialized (resize).
-
-This module imports vllm lazily too (the runner classes are built on first use), so the
-catalog package stays importable without it.
+The lazily built runner classes (``PipelinedCPUModelRunner``, ``PipelinedGPUModelRunner``)
+carry this module as their ``__module__``, so pickling and vLLM's qualname lookup resolve
+them here. The code lives in :mod:`initpipe_vllm.hook.runner`.
 """
 
 from __future__ import annotations
 
-import functools
-import gc
-import threading
-from collections.abc import Mapping
 from typing import Any
 
-from initpipe import KV, PhaseOrderError, Pipeline, StageError
-
-from .errors import UnsupportedRunnerError
-from .progress import log_phase
-from .types import InputBatchGeometry, RunnerSettings
+from .hook import runner as _impl
+from .hook.runner import (
+    PipelinedRunnerMixin,
+    apply_kv_outputs,
+    apply_model_outputs,
+    clear_kv_state,
+    engine_kv_cache_config,
+    kv_inputs,
+    pipelined_runner_class,
+    platform_runner_class,
+    start_inputs,
+)
 
 __all__ = [
     "PipelinedRunnerMixin",
@@ -48,260 +35,5 @@ __all__ = [
 ]
 
 
-# -- reading the runner: the pipeline's external inputs -----------------------------------
-def start_inputs(runner: Any) -> dict[str, Any]:
-    """The catalog's start inputs, read from a constructed runner."""
-    return {"vllm_config": runner.vllm_config, "device": runner.device,
-            "runner_settings": RunnerSettings.from_runner(runner),
-            "cudagraph_dispatcher": runner.cudagraph_dispatcher,
-            "drafter": getattr(runner, "drafter", None),
-            "jit_warmup_registry": getattr(runner, "jit_warmup_registry", None)}
-
-
-def kv_inputs(runner: Any, kv_cache_config: Any, is_profiling: bool = False,
-              kv_cache_allocation_context: Any = None) -> dict[str, Any]:
-    """The KV-phase inputs: the engine's config plus what vLLM settled since the start."""
-    cache_config = runner.cache_config
-    layout = (cache_config.get_resolved_kv_cache_layout()
-              if cache_config.kv_cache_layout is not None else None)
-    return {"kv_cache_config": kv_cache_config, "is_profiling": is_profiling,
-            "kv_cache_allocation_context": kv_cache_allocation_context,
-            "kv_cache_layout": layout, "max_model_len": runner.max_model_len,
-            "current_input_batch": runner.input_batch,
-            "current_input_batch_geometry": InputBatchGeometry.from_runner(runner)}
-
-
-# -- the adapter: the one place that writes onto the runner -------------------------------
-def apply_model_outputs(runner: Any, outputs: Mapping[str, Any]) -> None:
-    """Write the model-phase result vLLM keeps on the runner (``shared_kv_cache_layers``)."""
-    runner.shared_kv_cache_layers.update(outputs["shared_kv_cache_layers"])
-
-
-def apply_kv_outputs(runner: Any, model: Mapping[str, Any], kv: Mapping[str, Any]) -> None:
-    """Write a completed KV phase onto the runner exactly where vLLM's methods put it."""
-    runner.kv_cache_config = kv["runner_kv_cache_config"]
-    runner._mamba_bufs = None
-    runner._mamba_state_copy_funcs = None
-    runner.runner_only_attn_layers.update(model["runner_only_attn_layers"])
-    runner.kv_sharing_fast_prefill_eligible_layers.update(
-        model["kv_sharing_fast_prefill_eligible_layers"])
-    runner.attn_groups[:] = kv["attn_groups"]
-    runner._kernel_block_sizes = list(kv["kernel_block_sizes"])
-    runner.reorder_batch_threshold = kv["reorder_batch_threshold"]
-    geometry: InputBatchGeometry = kv["input_batch_geometry"]
-    runner.input_batch = kv["input_batch"]
-    runner._init_block_sizes = list(geometry.block_sizes)
-    runner._init_max_num_blocks = list(geometry.max_num_blocks)
-    runner._init_slot_mapping_modes = list(geometry.slot_mapping_modes)
-    runner.cp_kv_cache_interleave_size = geometry.cp_kv_cache_interleave_size
-    runner.kv_caches[:] = kv["runner_kv_caches"]
-
-
-def clear_kv_state(runner: Any) -> None:
-    """Drop the runner's KV attributes as ``_cleanup_profiling_kv_cache`` does.
-
-    Layers are reset by the binding stage's teardown; the input batch stays as a
-    placeholder and ``_init_block_sizes = []`` forces the next KV phase to rebuild it.
-    """
-    for i in range(len(runner.kv_caches)):
-        runner.kv_caches[i] = None
-    runner.kv_caches.clear()
-    runner.attn_groups.clear()
-    if hasattr(runner, "kv_cache_config"):
-        delattr(runner, "kv_cache_config")
-    runner.cache_config.num_gpu_blocks = None
-    runner._init_block_sizes = []
-
-
-def engine_kv_cache_config(runner: Any) -> Any:
-    """Recover the engine's KVCacheConfig from a runner's working copy.
-
-    The inverse of K1/K2: drop the runner-only layers (KV-sharing and encoder-only) from
-    the groups and the groups they leave empty (the encoder-only group, always last).
-    """
-    import copy
-
-    cfg = copy.deepcopy(runner.kv_cache_config)
-    runner_only = set(runner.runner_only_attn_layers)
-    groups = []
-    for group in cfg.kv_cache_groups:
-        group.layer_names = [n for n in group.layer_names if n not in runner_only]
-        if group.layer_names:
-            groups.append(group)
-    cfg.kv_cache_groups = groups
-    return cfg
-
-
-#: How many trace events a pipelined runner keeps (about 900 KV re-inits of the catalog).
-TRACE_MAX_RECORDS = 20_000
-
-
-# -- the runner classes ----------------------------------------------------------------
-class PipelinedRunnerMixin:
-    """Put before the platform's runner class: its init runs as an initpipe pipeline.
-
-    Attributes:
-        initpipe_pipeline: the Pipeline used (the catalog unless one is given).
-        initpipe_run: the current Run.
-        initpipe_trace: the Trace of every stage run and teardown, and of the vLLM steps
-            around them (the worker records those as spans); it outlives re-created runs.
-    """
-
-    initpipe_default_pipeline: Pipeline | None = None
-
-    def __init__(self, vllm_config: Any, device: Any, *, pipeline: Pipeline | None = None) -> None:
-        super().__init__(vllm_config, device)  # type: ignore[call-arg]
-        from initpipe import Trace
-
-        if pipeline is None:
-            from . import catalog
-
-            pipeline = type(self).initpipe_default_pipeline or catalog()
-        self.initpipe_pipeline = pipeline
-        # Bounded: a long-lived runner that re-runs its KV phase keeps the latest events.
-        self.initpipe_trace = Trace(max_records=TRACE_MAX_RECORDS)
-        self.initpipe_run = self._initpipe_start()
-        self._initpipe_block_size: int | None = None
-        self._initpipe_lock = threading.RLock()
-
-    def _initpipe_start(self) -> Any:
-        from .progress import listeners
-
-        return self.initpipe_pipeline.start(listeners=listeners(), trace=self.initpipe_trace,
-                                            **start_inputs(self))
-
-    def _initpipe_report(self, err: Any) -> None:
-        """Log the failed stage and the completed ones, and write the failure trace."""
-        from .progress import report_failure
-
-        parallel = self.vllm_config.parallel_config  # type: ignore[attr-defined]
-        report_failure(err, self.initpipe_trace, self.initpipe_pipeline.graph,
-                       parallel.rank, parallel.world_size)
-
-    # model phase ------------------------------------------------------------------------
-    def _initpipe_model_phase(self) -> Mapping[str, Any]:
-        """Run the model phase once the block size is final (memoized)."""
-        with self._initpipe_lock:
-            run = self.initpipe_run
-            block_size = self.cache_config.block_size  # type: ignore[attr-defined]
-            if run.state == "loaded":
-                if block_size == self._initpipe_block_size:
-                    return run.outputs
-                if run.completed(KV):
-                    msg = (f"cache_config.block_size changed from {self._initpipe_block_size} "
-                           f"to {block_size} while a KV cache is in place; call "
-                           f"_cleanup_profiling_kv_cache() first.")
-                    raise PhaseOrderError(msg)
-                run.close()
-                self.initpipe_run = run = self._initpipe_start()
-            if getattr(self, "model", None) is None:
-                raise PhaseOrderError("load_model() must be called before get_kv_cache_spec() "
-                                      "or initialize_kv_cache(): the model phase reads the "
-                                      "loaded model.")
-            try:
-                outputs = run.load(model=self.model)  # type: ignore[attr-defined]
-            except StageError as err:
-                self._initpipe_report(err)
-                raise
-            log_phase(run, "model")
-            self._initpipe_block_size = block_size
-            apply_model_outputs(self, outputs)
-            return outputs
-
-    def get_kv_cache_spec(self) -> dict[str, Any]:
-        """The KV cache spec per layer (runs the model phase on first call)."""
-        return dict(self._initpipe_model_phase()["kv_cache_spec"])
-
-    # KV phase ---------------------------------------------------------------------------
-    def initialize_kv_cache(self, kv_cache_config: Any, is_profiling: bool = False,
-                            kv_cache_allocation_context: Any = None) -> None:
-        """Run the KV phase; a KV phase already in place is torn down first."""
-        with self._initpipe_lock:
-            model = self._initpipe_model_phase()
-            if self.initpipe_run.completed(KV) or self.attn_groups or self.kv_caches:  # type: ignore[attr-defined]
-                self._initpipe_release_kv()
-            inputs = kv_inputs(self, kv_cache_config, is_profiling, kv_cache_allocation_context)
-            try:
-                outputs = self.initpipe_run.initialize_kv_cache(**inputs)
-            except StageError as err:
-                self._initpipe_report(err)
-                raise
-            apply_kv_outputs(self, model, outputs)
-            log_phase(self.initpipe_run, KV)
-
-    def capture_model(self) -> Any:
-        """vLLM's CUDA-graph capture, recorded as a span of the trace."""
-        with self.initpipe_trace.span("capture_model (graph capture)", phase="vllm"):
-            return super().capture_model()  # type: ignore[misc]
-
-    def _initpipe_release_kv(self) -> None:
-        # The runner lets go first, so the allocation's teardown can return the memory.
-        clear_kv_state(self)
-        if self.initpipe_run.state != "closed":
-            self.initpipe_run.teardown_kv_cache()
-
-    def _cleanup_profiling_kv_cache(self) -> None:
-        """Tear the KV phase down (reverse teardowns), as vLLM's cleanup leaves the runner."""
-        import torch
-
-        torch.accelerator.synchronize()
-        with self._initpipe_lock:
-            self._initpipe_release_kv()
-        gc.collect()
-        torch.accelerator.empty_cache()
-
-    def shutdown(self) -> None:
-        """vLLM's shutdown (which calls the cleanup above), then close the run."""
-        try:
-            super().shutdown()  # type: ignore[misc]
-        finally:
-            self.initpipe_run.close()
-
-
-def platform_runner_class() -> type:
-    """The v1 runner class the current platform's stock worker builds.
-
-    CPU: ``CPUModelRunner`` (importing ``vllm.v1.worker.cpu_worker`` first applies the CPU
-    shims it relies on). CUDA/ROCm/XPU: ``GPUModelRunner``.
-    """
-    from vllm.platforms import current_platform
-
-    if current_platform.is_cpu():
-        import vllm.v1.worker.cpu_worker  # noqa: F401  (CPU torch shims)
-        from vllm.v1.worker.cpu_model_runner import CPUModelRunner
-
-        return CPUModelRunner
-    if current_platform.is_cuda_alike() or current_platform.is_xpu():
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-        return GPUModelRunner
-    raise UnsupportedRunnerError(f"no pipelined runner for platform "
-                                 f"{type(current_platform).__name__}")
-
-
-def pipelined_runner_class(base: type | None = None) -> type:
-    """``Pipelined<Base>``: the mixin over ``base`` (default: the platform's runner).
-
-    Built once per base; reachable as ``initpipe_vllm.runner.Pipelined<Base>``.
-    """
-    return _pipelined(base or platform_runner_class())
-
-
-@functools.cache
-def _pipelined(base: type) -> type:
-    name = f"Pipelined{base.__name__}"
-    return type(name, (PipelinedRunnerMixin, base), {"__module__": __name__,
-                                                      "__qualname__": name})
-
-
 def __getattr__(name: str) -> Any:
-    # Lazily built classes resolve by qualified name (pickling, vLLM's qualname lookup).
-    if name == "PipelinedCPUModelRunner":
-        from vllm.v1.worker.cpu_model_runner import CPUModelRunner
-
-        return _pipelined(CPUModelRunner)
-    if name == "PipelinedGPUModelRunner":
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-        return _pipelined(GPUModelRunner)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(_impl, name)

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-# The toy stage modules (package ``cli_toys``) import from here, in-process and in subprocesses.
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+from cli_support import CHROMIUM_FLAGS, MINI_DURATIONS
 
-from cli_support import CHROMIUM_FLAGS, MINI_DURATIONS  # noqa: E402
+# The toy stage modules (package ``cli_toys``) import from here: in-process through pytest's
+# ``pythonpath`` setting (pyproject.toml), in subprocesses through ``cli_env``'s PYTHONPATH.
+HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture

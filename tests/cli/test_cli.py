@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 
 from initpipe import cli
+from initpipe.cli import app
+from initpipe.errors import UsageError
 
 
 def test_help_lists_graph_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
@@ -39,7 +41,7 @@ def test_adding_a_subcommand_is_one_function(monkeypatch: pytest.MonkeyPatch,
     def handler(args: argparse.Namespace) -> int:
         seen.append(args)
         if args.fail:
-            raise cli.UsageError("frobnicate needs a config")
+            raise UsageError("frobnicate needs a config")
         return 7
 
     def add_frobnicate(sub: Any) -> None:
@@ -47,7 +49,7 @@ def test_adding_a_subcommand_is_one_function(monkeypatch: pytest.MonkeyPatch,
         p.add_argument("--fail", action="store_true")
         p.set_defaults(handler=handler)
 
-    monkeypatch.setattr(cli, "COMMANDS", [*cli.COMMANDS, add_frobnicate])
+    monkeypatch.setattr(app, "COMMANDS", [*app.COMMANDS, add_frobnicate])
     assert cli.main(["frobnicate"]) == 7
     assert seen[0].command == "frobnicate"
     assert cli.main(["frobnicate", "--fail"]) == 2

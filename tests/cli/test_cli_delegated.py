@@ -1,4 +1,4 @@
-"""`initpipe plan` is dispatched to initpipe_vllm.plan with its own flags."""
+"""`initpipe plan` is dispatched to initpipe_vllm.tools.plan with its own flags."""
 import subprocess
 import sys
 

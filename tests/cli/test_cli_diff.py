@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from initpipe._diff import diff_views
-from initpipe._export import export, load_export
-from initpipe._target import load_pipeline
+from initpipe.view.diff import diff_views
+from initpipe.view.export import export, load_export
+from initpipe.cli.target import load_pipeline
 from initpipe.cli import main
 
 MINI = "cli_toys.mini_vllm"

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from cli_support import needs_dot
 
-from initpipe import _render
+from initpipe.errors import GraphvizError
+from initpipe.view.graphviz import graphviz
 from initpipe.cli import main
 
 MINI = "cli_toys.mini_vllm"
@@ -53,5 +54,5 @@ def test_missing_dot_gives_the_install_command(
 
 @needs_dot
 def test_dot_failure_is_reported() -> None:
-    with pytest.raises(_render.GraphvizError, match="exited with"):
-        _render.graphviz("digraph { this is not dot", "svg")
+    with pytest.raises(GraphvizError, match="exited with"):
+        graphviz("digraph { this is not dot", "svg")

@@ -12,7 +12,7 @@ from subprocess import CompletedProcess
 
 from cli_support import MINI_CRITICAL, console_messages, needs_dot
 
-from initpipe._html import render_html
+from initpipe.view.html import render_html
 from initpipe.cli import main
 
 MINI = "cli_toys.mini_vllm"

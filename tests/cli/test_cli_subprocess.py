@@ -114,8 +114,10 @@ def _imported_heavy(cli_env: dict[str, str], argv: list[str]) -> list[str]:
     return json.loads(mods.replace("'", '"'))
 
 
-def test_graph_imports_neither_torch_nor_vllm(cli_env: dict[str, str]) -> None:
-    assert _imported_heavy(cli_env, ["graph", MINI, "-f", "json", "-o", os.devnull]) == []
+def test_graph_imports_neither_torch_nor_vllm(cli_env: dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "g.json"
+    assert _imported_heavy(cli_env, ["graph", MINI, "-f", "json", "-o", str(out)]) == []
+    assert json.loads(out.read_text())["version"] == 1
 
 
 def test_catalog_graph_imports_neither_torch_nor_vllm(cli_env: dict[str, str]) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from initpipe import Pipeline, PipelineValidationError, StageDeclarationError
-from initpipe._target import DEFAULT_TARGET, TargetError, load_pipeline
+from initpipe.cli.target import DEFAULT_TARGET, load_pipeline
+from initpipe.errors import TargetError
 
 
 def test_module_target_collects_top_level_stages_and_inputs() -> None:

@@ -1,7 +1,2 @@
-"""Make the toy stage modules importable as ``coretoys.<name>``."""
-import sys
-from pathlib import Path
-
-HERE = Path(__file__).parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+"""The core tests: toy stage modules are importable as ``coretoys.<name>`` (pytest's
+``pythonpath`` setting in pyproject.toml puts this folder on ``sys.path``)."""

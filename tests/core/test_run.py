@@ -15,6 +15,7 @@ from initpipe import (
     stage,
 )
 from initpipe.errors import StageOutputError
+from initpipe.testing import clear_faults, inject_fault
 
 
 class Recorder:
@@ -339,13 +340,13 @@ def test_injected_fault_before_a_stage_rolls_back_its_predecessors():
     r = Recorder()
     run = r.pipeline.start(config=1)
     run.load(model=1)
-    run.inject_fault("tensors", MemoryError("no KV memory"))
+    inject_fault(run, "tensors", MemoryError("no KV memory"))
     with pytest.raises(StageError, match="no KV memory") as e:
         run.initialize_kv_cache(3)
     assert e.value.stage == "tensors" and e.value.completed == ("groups",)
     assert not r.runs("tensors")  # the stage itself never ran
     assert set(run.outputs) == {"spec"}
-    run.clear_faults()
+    clear_faults(run)
     run.initialize_kv_cache(4)
     assert run.outputs["bind"] == ("bind", 4, False)
 
@@ -354,7 +355,7 @@ def test_injected_fault_after_a_stage_also_tears_that_stage_down():
     r = Recorder()
     run = r.pipeline.start(config=1)
     run.load(model=1)
-    run.inject_fault("tensors", after=True)
+    inject_fault(run, "tensors", after=True)
     with pytest.raises(StageError, match="injected fault in 'tensors'") as e:
         run.initialize_kv_cache(3)
     assert e.value.completed == ("groups", "tensors")
@@ -362,4 +363,4 @@ def test_injected_fault_after_a_stage_also_tears_that_stage_down():
     assert ("teardown", "tensors", ("tensors", 3), 3) in r.log
     assert set(run.outputs) == {"spec"}
     with pytest.raises(Exception, match="has no stage 'tensrs'"):
-        run.inject_fault("tensrs")
+        inject_fault(run, "tensrs")

@@ -76,7 +76,7 @@ EXTENDED = textwrap.dedent(f"""
     import json, os
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from initpipe_vllm import catalog
-    from initpipe_vllm.equivalence import compare_model
+    from initpipe_vllm.testing.equivalence import compare_model
     import initpipe_example_alloc
     rep = compare_model({str(MODEL)!r}, reinit=True)
     print("RESULT " + json.dumps({{

@@ -17,7 +17,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 from initpipe import KV, StageError, stage  # noqa: E402
 
 from initpipe_vllm import catalog  # noqa: E402
-from initpipe_vllm.equivalence import engine_kwargs  # noqa: E402
+from initpipe_vllm.testing.equivalence import engine_kwargs  # noqa: E402
 from initpipe_vllm.runner import pipelined_runner_class  # noqa: E402
 
 model, name = sys.argv[1], sys.argv[2]

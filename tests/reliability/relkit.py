@@ -119,12 +119,12 @@ class Rig:
             self.runner._cleanup_profiling_kv_cache()
 
     def snapshot(self) -> dict[str, Any]:
-        from initpipe_vllm.snapshot import runner_snapshot
+        from initpipe_vllm.testing.snapshot import runner_snapshot
 
         return runner_snapshot(self.runner)
 
     def diff(self, reference: dict[str, Any]) -> list[str]:
-        from initpipe_vllm.snapshot import diff_snapshots
+        from initpipe_vllm.testing.snapshot import diff_snapshots
 
         return diff_snapshots(reference, self.snapshot())
 

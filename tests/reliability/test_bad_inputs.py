@@ -32,6 +32,7 @@ from initpipe import (
     StageError,
     stage,
 )
+from initpipe.testing import inject_fault
 from initpipe.errors import (
     NotAStageError,
     StageOutputError,
@@ -358,7 +359,7 @@ def test_a_multi_output_stage_returning_the_wrong_keys_names_them() -> None:
 def test_injecting_a_fault_into_an_unknown_stage_is_refused() -> None:
     run = _toy().start()
     with pytest.raises(UnknownStageNameError, match="Did you mean 'tensors'"):
-        run.inject_fault("tensor")
+        inject_fault(run, "tensor")
 
 
 # == 3. bad KV configs fed to the real catalog KV phase ==================================

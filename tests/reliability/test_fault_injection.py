@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import pytest
 from initpipe import KV, MODEL, StageError
+from initpipe.testing import clear_faults, inject_fault
 
 from initpipe_vllm import catalog
 from initpipe_vllm.runner import start_inputs
@@ -92,12 +93,12 @@ def test_kv_stage_fault_rolls_back_frees_kv_and_retry_works(rig, name, when) -> 
     batch, ssu = rig.runner.input_batch, _ssu_globals()
     n_before = len(rig.spy.allocations)
     run = rig.runner.initpipe_run
-    run.inject_fault(name, Injected(f"injected into {name}"), after=after)
+    inject_fault(run, name, Injected(f"injected into {name}"), after=after)
     try:
         with pytest.raises(StageError, match=f"stage '{name}'") as info:
             rig.init()
     finally:
-        run.clear_faults()
+        clear_faults(run)
     _check_error(info.value, name, KV, _expected_completed(KV_STAGES, name, after))
     _check_cleaned(rig, batch)
     assert _ssu_globals() == ssu
@@ -121,14 +122,14 @@ def test_model_stage_fault_surfaces_from_the_runner_and_retry_works(rig, name, w
     runner.initpipe_run.close()
     runner.initpipe_run = run = runner.initpipe_pipeline.start(**start_inputs(runner))
     batch = runner.input_batch
-    run.inject_fault(name, Injected(f"injected into {name}"), after=after)
+    inject_fault(run, name, Injected(f"injected into {name}"), after=after)
     # before: the engine's get_kv_cache_spec() RPC; after: a direct initialize_kv_cache()
     call = rig.init if after else runner.get_kv_cache_spec
     try:
         with pytest.raises(StageError, match=f"stage '{name}'") as info:
             call()
     finally:
-        run.clear_faults()
+        clear_faults(run)
     _check_error(info.value, name, MODEL, _expected_completed(MODEL_STAGES, name, after))
     assert run.state == "started" and run.completed(MODEL) == []
     assert rig.spy.live() == 0

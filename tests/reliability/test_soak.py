@@ -9,16 +9,9 @@ plateau rather than grow.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.soak import rows, soak  # noqa: E402
+from benchmarks.soak import rows, soak  # the repository root is on pytest's pythonpath
 
 CYCLES = 50
 

@@ -13,7 +13,7 @@ from initpipe_vllm import catalog
 
 def test_catalog_imports_without_torch_or_vllm() -> None:
     code = ("import sys; sys.modules['torch'] = None; sys.modules['vllm'] = None\n"
-            "import initpipe_vllm, initpipe_vllm.snapshot, initpipe_vllm.equivalence\n"
+            "import initpipe_vllm, initpipe_vllm.testing.snapshot, initpipe_vllm.testing.equivalence\n"
             "p = initpipe_vllm.catalog(); print(len(p.order))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert int(out.stdout.strip()) == len(initpipe_vllm.STAGES)

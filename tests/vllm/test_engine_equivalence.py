@@ -1,7 +1,7 @@
 """The acceptance test: real engines, stock vs pipelined worker, compared exactly.
 
 Each group of architectures runs in ONE subprocess (``python -m
-initpipe_vllm.equivalence``): an in-process engine mutates its process (thread binding,
+initpipe_vllm.testing.equivalence``): an in-process engine mutates its process (thread binding,
 torch monkeypatches), so it never runs inside pytest. For every model the harness starts
 a stock and a pipelined engine, generates (or embeds) from token-id prompts, snapshots the
 runner, re-initializes the KV cache as vLLM's profiling pass does, runs a second workload,
@@ -30,7 +30,7 @@ GROUPS = {
 
 def _harness(tmp: Path, models: list[str], *extra: str) -> list[dict]:
     out = tmp / "report.json"
-    cmd = [sys.executable, "-m", "initpipe_vllm.equivalence", "--json", str(out), *extra]
+    cmd = [sys.executable, "-m", "initpipe_vllm.testing.equivalence", "--json", str(out), *extra]
     for m in models:
         cmd += ["--model", str(model_dir(m))]
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}

@@ -19,7 +19,7 @@ from initpipe.errors import StageError
 
 from initpipe_vllm import catalog
 from initpipe_vllm.runner import engine_kv_cache_config
-from initpipe_vllm.snapshot import diff_snapshots, runner_snapshot
+from initpipe_vllm.testing.snapshot import diff_snapshots, runner_snapshot
 
 MODELS = ["tiny-llama", "tiny-gemma2", "tiny-gemma4-kvshare", "tiny-gemma4-fastprefill",
           "tiny-bert", "tiny-nemotron-h", "tiny-lfm2", "tiny-deepseek-mla", "tiny-gpt-oss",

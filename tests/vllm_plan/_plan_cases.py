@@ -1,4 +1,4 @@
-"""Run several ``initpipe_vllm.plan.plan`` cases in one process and print them as JSON.
+"""Run several ``initpipe_vllm.tools.plan.plan`` cases in one process and print them as JSON.
 
 Planning binds process-global vLLM state, so the tests run this as a script in a
 subprocess: ``python _plan_cases.py TINY_DIR BIG_DIR``. Prints one JSON object (case name
@@ -28,7 +28,7 @@ def _rss_mib() -> float:
 
 def main() -> None:
     tiny, big = sys.argv[1], sys.argv[2]
-    from initpipe_vllm.plan import plan
+    from initpipe_vllm.tools.plan import plan
 
     def case(**kw: object) -> dict[str, object]:
         try:

@@ -1,4 +1,4 @@
-"""``initpipe_vllm.plan``: planning a worker's KV cache on the meta device.
+"""``initpipe_vllm.tools.plan``: planning a worker's KV cache on the meta device.
 
 The vLLM cases run in subprocesses (planning and engines bind process-global vLLM state),
 started together once per module: a real CPU engine (ground truth), a script running
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from initpipe_vllm import catalog
-from initpipe_vllm.plan import _bytes, main, planning_pipeline
+from initpipe_vllm.tools.plan import _bytes, main, planning_pipeline
 
 HERE = Path(__file__).parent
 TINY = HERE.parent.parent / "stages" / "models" / "tiny-llama"
@@ -95,7 +95,7 @@ def runs() -> dict[str, Any]:
     real = _spawn(str(HERE / "_real_cpu.py"), str(TINY), str(KV_BYTES),
                   extra_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     cases = _spawn(str(HERE / "_plan_cases.py"), str(TINY), str(BIG))
-    cli = _spawn("-m", "initpipe_vllm.plan", "--model", str(TINY), "--num-blocks", "64",
+    cli = _spawn("-m", "initpipe_vllm.tools.plan", "--model", str(TINY), "--num-blocks", "64",
                  "--backend", "TRITON_ATTN", "--max-model-len", "256", "--json")
     cli_out, cli_err = _finish(cli, "initpipe plan --json")
     return {"real": json.loads(_finish(real, "real CPU engine")[0].strip().splitlines()[-1]),

@@ -1,7 +1,7 @@
 """``initpipe graph``: load a target, then check, draw, time (``--trace``) or diff it.
 
 Exit status: 0 done (valid / identical), 1 the pipeline is invalid or differs from
-``--diff``, 2 usage error (raised as :class:`~initpipe.cli.UsageError`).
+``--diff``, 2 usage error (raised as :class:`~initpipe.errors.UsageError`).
 """
 
 from __future__ import annotations
@@ -10,16 +10,25 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from ._export import ExportError, export, load_export, select, with_trace
-from ._pipeline import Pipeline
-from ._render import RENDERERS, GraphvizError, fmt_duration, graphviz, render_dot
-from ._target import DEFAULT_TARGET, TargetError, load_pipeline
-from .cli import UsageError
-from .errors import PipelineValidationError, StageDeclarationError, UnknownStageNameError
+from .._pipeline import Pipeline
+from .._trace import Trace, blame, critical_path
+from ..errors import (
+    ExportError,
+    GraphvizError,
+    PipelineValidationError,
+    StageDeclarationError,
+    TargetError,
+    UnknownStageNameError,
+    UsageError,
+)
+from ..files import write_file
+from ..view.export import export, load_export, select, with_trace
+from ..view.graphviz import graphviz
+from ..view.render import RENDERERS, fmt_duration, render_dot
+from .target import DEFAULT_TARGET, load_pipeline
 
 __all__ = ["run_graph"]
 
@@ -79,8 +88,6 @@ def _summary(p: Pipeline) -> str:
 
 def _read_trace(path: str, p: Pipeline) -> tuple[dict[str, float], dict[str, float], list[str]]:
     """Return (durations, start times, critical path) of the stages of ``p`` in a trace."""
-    from ._trace import Trace, critical_path
-
     try:
         trace = Trace.from_dict(json.loads(Path(path).read_text()))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -101,8 +108,6 @@ def _read_trace(path: str, p: Pipeline) -> tuple[dict[str, float], dict[str, flo
 
 def _blame(view: dict[str, Any], starts: dict[str, float], fmt: str) -> str:
     """``systemd-analyze blame`` then ``critical-chain``, for the stages in ``view``."""
-    from ._trace import blame
-
     phase = {s["name"]: s["phase"] for s in view["stages"]}
     durations = {s["name"]: s["duration"] for s in view["stages"] if s.get("duration") is not None}
     ranked = blame(durations)
@@ -137,7 +142,7 @@ def _render(view: dict[str, Any], fmt: str) -> bytes:
         return RENDERERS[fmt](view).encode()
     try:
         if fmt == "html":
-            from ._html import render_html
+            from ..view.html import render_html
 
             svg = graphviz(render_dot(view), "svg", purpose="html").decode()
             return render_html(view, svg).encode()
@@ -154,16 +159,9 @@ def _write(data: bytes, output: str | None, fmt: str) -> None:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
         return
-    target = Path(output)
     try:
-        fd, tmp = tempfile.mkstemp(dir=target.parent or ".", prefix=f".{target.name}.")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
+        write_file(output, data)
     except OSError as err:
-        if "tmp" in locals() and os.path.exists(tmp):
-            os.unlink(tmp)
         raise UsageError(f"cannot write {output!r}: {err.strerror or err}") from err
 
 
@@ -211,7 +209,7 @@ def run_graph(args: argparse.Namespace) -> int:
         _write(_blame(view, starts, fmt).encode(), args.output, "text")
         return 0
     if other is not None:
-        from ._diff import diff_views, render_diff_text
+        from ..view.diff import diff_views, render_diff_text
 
         d = diff_views(select(other, phase=args.phase), view)
         text = (json.dumps(d, indent=2) + "\n" if fmt == "json"

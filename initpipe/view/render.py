@@ -1,4 +1,4 @@
-"""Draw a graph export (see ``_export``) as text, Mermaid, Graphviz DOT or JSON.
+"""Draw a graph export (see :mod:`.export`) as text, Mermaid, Graphviz DOT or JSON.
 
 Each renderer is a small pure function ``view -> str``; a view may carry trace durations
 (``stage["duration"]``) and a ``critical_path``, which every renderer shows.
@@ -10,8 +10,8 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["PHASE_COLORS", "RENDERERS", "GraphvizError", "fmt_duration", "graphviz",
-           "render_dot", "render_json", "render_mermaid", "render_text"]
+__all__ = ["CRITICAL", "PHASE_COLORS", "RENDERERS", "fmt_duration", "render_dot", "render_json",
+           "render_mermaid", "render_text"]
 
 View = dict[str, Any]
 
@@ -192,39 +192,3 @@ def render_json(view: View) -> str:
 #: Text renderers by ``--format`` name.
 RENDERERS: dict[str, Callable[[View], str]] = {
     "text": render_text, "mermaid": render_mermaid, "dot": render_dot, "json": render_json}
-
-
-class GraphvizError(RuntimeError):
-    """Graphviz's ``dot`` program is missing or failed."""
-
-
-def graphviz(dot_source: str, fmt: str, *, purpose: str | None = None) -> bytes:
-    """Lay out ``dot_source`` with Graphviz's ``dot`` and return the ``svg``/``png`` bytes.
-
-    Args:
-        dot_source: the DOT text.
-        fmt: a ``dot -T`` output format.
-        purpose: the ``--format`` the output is for, named in the error (default: ``fmt``).
-
-    Raises:
-        GraphvizError: ``dot`` is not installed (the message gives the install command), or
-            it failed.
-    """
-    import shutil
-    import subprocess
-
-    exe = shutil.which("dot")
-    if exe is None:
-        raise GraphvizError(
-            f"--format {purpose or fmt} needs Graphviz's dot program, which is not on PATH. "
-            f"Install it with: apt-get install graphviz (macOS: brew install graphviz), or use --format "
-            f"dot or mermaid.")
-    try:
-        proc = subprocess.run([exe, f"-T{fmt}"], input=dot_source.encode(), capture_output=True,
-                              timeout=120, check=False)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise GraphvizError(f"running {exe} failed: {err}") from err
-    if proc.returncode != 0:
-        raise GraphvizError(f"{exe} -T{fmt} exited with {proc.returncode}: "
-                            f"{proc.stderr.decode(errors='replace').strip()}")
-    return proc.stdout

@@ -13,17 +13,14 @@ import importlib
 import types
 from typing import Any
 
-from ._pipeline import Pipeline
-from ._stage import get_spec
+from .._pipeline import Pipeline
+from .._stage import get_spec
+from ..errors import TargetError
 
-__all__ = ["DEFAULT_TARGET", "TargetError", "load_pipeline"]
+__all__ = ["DEFAULT_TARGET", "load_pipeline"]
 
 #: The vLLM stage catalog.
 DEFAULT_TARGET = "initpipe_vllm:catalog"
-
-
-class TargetError(Exception):
-    """A target cannot be resolved (bad module path, missing attribute, wrong kind)."""
 
 
 def _import(name: str) -> types.ModuleType:

@@ -22,7 +22,7 @@ from typing import Any
 
 __all__ = ["DEFAULT_MODEL", "main"]
 
-DEFAULT_MODEL = Path(__file__).resolve().parent / "models" / "tiny-llama"
+DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "tiny-llama"
 
 
 def _say(text: str = "") -> None:
@@ -80,7 +80,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
 def _start(model: Path, pipelined: bool, kv_bytes: int) -> Any:
     from vllm import LLM
 
-    from .equivalence import PIPELINED_WORKER, engine_kwargs
+    from ..hook import PIPELINED_WORKER
+    from ..testing.equivalence import engine_kwargs
 
     kwargs, opts = engine_kwargs(model, kv_cache_memory_bytes=kv_bytes)
     if pipelined:
@@ -95,7 +96,7 @@ def _stop(llm: Any) -> None:
 
 
 def _observe(llm: Any, task: str) -> dict[str, Any]:
-    from .equivalence import PROMPTS_A, _snapshot, _workload
+    from ..testing.equivalence import PROMPTS_A, _snapshot, _workload
 
     init = llm.collective_rpc(_snapshot)[0]
     outputs = _workload(llm, task, PROMPTS_A)
@@ -135,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["INITPIPE_TRACE"] = str(args.trace)
     from initpipe import StageError
 
-    from . import progress
-    from .snapshot import diff_snapshots
+    from ..hook import progress
+    from ..testing.snapshot import diff_snapshots
 
     _say(f"initpipe run: {args.model} through initpipe_vllm.worker.PipelinedWorker")
     progress.add_listener(_print_event)

@@ -31,7 +31,7 @@ import attrs
 
 from initpipe import stage
 
-from .errors import KVCacheConfigError
+from ..errors import KVCacheConfigError
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

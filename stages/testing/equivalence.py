@@ -25,9 +25,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from initpipe.files import write_file
+
 __all__ = ["compare_model", "engine_kwargs", "main"]
 
-PIPELINED_WORKER = "initpipe_vllm.worker.PipelinedWorker"
 PROMPTS_A = [[1, 5, 9, 30, 7], [3, 4, 11, 2, 90, 17, 5, 6, 8]]
 PROMPTS_B = [[8, 8, 1, 44], [100, 101, 102]]
 
@@ -68,7 +69,7 @@ def _runner_meta(worker: Any) -> dict[str, Any]:
 
 def _reinitialize(worker: Any) -> dict[str, Any]:
     """Cleanup, vLLM's minimal profiling KV cache, cleanup, then the real KV cache again."""
-    from .runner import engine_kv_cache_config
+    from ..hook.runner import engine_kv_cache_config
     from .snapshot import runner_snapshot
 
     runner = worker.model_runner
@@ -140,6 +141,8 @@ def run_engine(model_dir: str | Path, *, pipelined: bool, reinit: bool = True,
 
     kwargs, opts = engine_kwargs(model_dir, **overrides)
     if pipelined:
+        from ..hook import PIPELINED_WORKER
+
         kwargs["worker_cls"] = PIPELINED_WORKER
     task = opts.get("task", "generate")
     llm = LLM(**kwargs)
@@ -207,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in rep["diffs"][:20]:
             print(f"  {line}", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(reports, default=repr, indent=1))
+        write_file(args.json, json.dumps(reports, default=repr, indent=1))
     return 0 if all(r["equal"] for r in reports) else 1
 
 

@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from ._render import CRITICAL, PHASE_COLORS, fmt_duration
+from .render import CRITICAL, PHASE_COLORS, fmt_duration
 
 __all__ = ["render_html"]
 

@@ -16,13 +16,14 @@ import os
 import sys
 from typing import Any
 
+from . import PIPELINED_WORKER
+
 __all__ = ["ENV_VAR", "PIPELINED_WORKER", "STOCK_WORKERS", "enabled", "main", "register"]
 
 # Under vLLM's logger tree, so the lines use vLLM's handler, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.initpipe")
 
 ENV_VAR = "INITPIPE_VLLM"
-PIPELINED_WORKER = "initpipe_vllm.worker.PipelinedWorker"
 #: What vLLM 0.32.0's platforms resolve ``worker_cls="auto"`` to.
 STOCK_WORKERS = frozenset({"vllm.v1.worker.cpu_worker.CPUWorker",
                            "vllm.v1.worker.gpu_worker.Worker"})

@@ -3,7 +3,7 @@
 Adding a subcommand is one function ``add_NAME(subparsers)`` appended to :data:`COMMANDS`:
 it declares the arguments and sets ``handler`` to a function ``(args) -> int`` that imports
 what it needs when it runs, so no subcommand pays for another's imports (and none imports
-torch or vLLM unless it must). Handlers raise :class:`UsageError` for bad input: ``main``
+torch or vLLM unless it must). Handlers raise :class:`~initpipe.errors.UsageError` for bad input: ``main``
 prints ``Error: ...`` on stderr and returns 2.
 """
 
@@ -14,11 +14,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-__all__ = ["COMMANDS", "UsageError", "build_parser", "main"]
+from ..errors import UsageError
 
-
-class UsageError(Exception):
-    """Bad command-line input: unknown target, bad flag value, missing tool (exit 2)."""
+__all__ = ["COMMANDS", "DELEGATED", "build_parser", "main"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -63,7 +61,7 @@ def add_graph(sub: Any) -> None:
 
 
 def _graph(args: argparse.Namespace) -> int:
-    from ._graphcmd import run_graph
+    from .graph import run_graph
 
     return run_graph(args)
 
@@ -71,11 +69,11 @@ def _graph(args: argparse.Namespace) -> int:
 #: Subcommands that live with the vLLM catalog and own their flags: name -> (module whose
 #: ``main(argv)`` runs them, one-line help). The core knows them only by module name.
 DELEGATED: dict[str, tuple[str, str]] = {
-    "run": ("initpipe_vllm.main_job", "the main job: start a real vLLM engine on the embedded "
+    "run": ("initpipe_vllm.tools.run", "the main job: start a real vLLM engine on the embedded "
                                       "tiny model through the pipeline, stage by stage"),
-    "worker-cls": ("initpipe_vllm.plugin", "print the worker class to pass to vLLM "
+    "worker-cls": ("initpipe_vllm.hook.plugin", "print the worker class to pass to vLLM "
                                            "(worker_cls= / --worker-cls)"),
-    "plan": ("initpipe_vllm.plan", "what a vLLM worker would allocate for a model config, "
+    "plan": ("initpipe_vllm.tools.plan", "what a vLLM worker would allocate for a model config, "
                                    "planned on the meta device (no GPU, no KV memory)"),
 }
 
@@ -141,11 +139,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `initpipe graph | head`: the reader left, not an error
         sys.stderr.close()
         return 0
-
-
-if __name__ == "__main__":
-    # Run as `python -m initpipe.cli`: dispatch through the importable module, so the
-    # handlers' `from .cli import UsageError` is the class caught here.
-    from initpipe.cli import main as _main
-
-    sys.exit(_main())

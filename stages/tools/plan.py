@@ -186,7 +186,7 @@ def planning_pipeline() -> Pipeline:
     become outputs of :mod:`.plan_stages`; the KV phase takes ``num_blocks`` or
     ``kv_bytes`` instead, and the start phase adds ``target_platform``.
     """
-    from . import catalog
+    from .. import catalog
 
     base = catalog()
     kv_inputs = {k: v for k, v in base.inputs[KV].items() if k not in _KV_FROM_PLAN}
@@ -238,7 +238,7 @@ def plan(model_dir: str | os.PathLike[str], num_blocks: int | None = None,
     from vllm.config import set_current_vllm_config
     from vllm.platforms import current_platform
 
-    from .runner import kv_inputs, start_inputs
+    from ..hook.runner import kv_inputs, start_inputs
 
     cfg = engine_config(model_dir, backend, dtype=dtype, max_model_len=max_model_len,
                          max_num_seqs=max_num_seqs, block_size=block_size,

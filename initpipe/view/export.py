@@ -36,17 +36,15 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from ._pipeline import Pipeline
+from ..errors import ExportError
 
-__all__ = ["SCHEMA_VERSION", "ExportError", "export", "load_export", "select", "with_trace"]
+if TYPE_CHECKING:
+    from .._pipeline import Pipeline
+
+__all__ = ["SCHEMA_VERSION", "export", "load_export", "select", "with_trace"]
 
 SCHEMA_VERSION = 1
 View = dict[str, Any]
-
-
-class ExportError(ValueError):
-    """A saved export or trace file cannot be read."""
 
 
 def export(pipeline: Pipeline) -> View:

@@ -16,20 +16,28 @@ Environment:
   beside it (``FILE`` with ``.chrome.json``) after each KV phase and at shutdown. With
   several workers, each writes ``FILE`` with ``.rank<N>`` before the suffix.
 - Failure traces go to ``INITPIPE_TRACE``'s path with ``.failure`` before the suffix, or,
-  when it is unset, to ``<tmp>/initpipe-failure-<pid>.json`` (``tempfile.gettempdir()``).
+  when it is unset, to ``failure-<pid>.json`` in a private per-user folder
+  (``initpipe.files.private_dir()``: ``$XDG_RUNTIME_DIR/initpipe``, else
+  ``<tmp>/initpipe-<uid>``, mode 0700).
+- ``INITPIPE_TRACE`` may name a device or FIFO (``/dev/stdout``, a pipe): the JSON trace is
+  written through it, and no Chrome or failure file is made beside it.
+- Files are written with ``initpipe.files.write_file``: a device, FIFO or symlink at the
+  path is written through, never replaced.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV_LOG_STAGES", "ENV_TRACE", "add_listener", "log_phase", "failure_trace_path", "listeners", "log_event",
-           "logger", "remove_listener", "report_failure", "trace_paths", "write_trace"]
+from initpipe.files import private_dir
+
+__all__ = ["ENV_LOG_STAGES", "ENV_TRACE", "add_listener", "failure_trace_path", "listeners",
+           "log_event", "log_phase", "logger", "remove_listener", "report_failure",
+           "trace_paths", "write_trace"]
 
 #: Under vLLM's logger tree: the lines use vLLM's handler, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.initpipe")
@@ -95,30 +103,47 @@ def _with_suffix(path: Path, tag: str) -> Path:
     return path.with_name(f"{path.name}{tag}")
 
 
-def trace_paths(rank: int = 0, world_size: int = 1) -> tuple[Path, Path] | None:
-    """(JSON, Chrome) paths from ``INITPIPE_TRACE``, or None when it is unset."""
+def _is_special(path: Path) -> bool:
+    """True for an existing path that is not a regular file (a device, FIFO, socket)."""
+    return path.exists() and not path.is_file() and not path.is_dir()
+
+
+def trace_paths(rank: int = 0, world_size: int = 1) -> tuple[Path, Path | None] | None:
+    """(JSON, Chrome) paths from ``INITPIPE_TRACE``, or None when it is unset.
+
+    The Chrome path is None when ``INITPIPE_TRACE`` names a device or FIFO (nothing is
+    created beside ``/dev/stdout``).
+    """
     raw = os.environ.get(ENV_TRACE, "").strip()
     if not raw:
         return None
     path = Path(raw)
+    if _is_special(path):
+        return path, None
     if world_size > 1:
         path = _with_suffix(path, f".rank{rank}")
     return path, _with_suffix(path, ".chrome")
 
 
-def write_trace(trace: Any, graph: Any, paths: tuple[Path, Path]) -> tuple[Path, Path]:
+def write_trace(trace: Any, graph: Any,
+                paths: tuple[Path, Path | None]) -> tuple[Path, Path | None]:
     """Write the trace as initpipe JSON (with the critical path) and as a Chrome trace."""
     json_path, chrome_path = paths
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    return trace.write_json(json_path, graph), trace.write_chrome(chrome_path)
+    chrome = None if chrome_path is None else trace.write_chrome(chrome_path)
+    return trace.write_json(json_path, graph), chrome
 
 
 def failure_trace_path(rank: int = 0, world_size: int = 1) -> Path:
-    """Where a failure trace goes (see the module docstring)."""
+    """Where a failure trace goes (see the module docstring).
+
+    Raises:
+        PermissionError: the private folder exists but is not safe to use (says why).
+    """
     paths = trace_paths(rank, world_size)
-    if paths is not None:
+    if paths is not None and paths[1] is not None:
         return _with_suffix(paths[0], ".failure")
-    return Path(tempfile.gettempdir()) / f"initpipe-failure-{os.getpid()}.json"
+    return private_dir() / f"failure-{os.getpid()}.json"
 
 
 def report_failure(err: Any, trace: Any, graph: Any, rank: int = 0,
@@ -127,11 +152,13 @@ def report_failure(err: Any, trace: Any, graph: Any, rank: int = 0,
 
     Returns the trace path, or None if it could not be written (the line is logged anyway).
     """
-    path: Path | None = failure_trace_path(rank, world_size)
+    path: Path | None = None
     try:
+        path = failure_trace_path(rank, world_size)
         trace.write_json(path, graph)
     except OSError as os_err:
-        logger.error("initpipe: could not write the failure trace to %s: %s", path, os_err)
+        logger.error("initpipe: could not write the failure trace to %s: %s",
+                     path or "the private folder", os_err)
         path = None
     logger.error("initpipe: stage %r failed in phase %r: %s: %s; completed: %s; rolled back: "
                  "%s; failure trace: %s", err.stage, err.phase, type(err.__cause__).__name__,

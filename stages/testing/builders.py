@@ -22,7 +22,7 @@ __all__ = ["MODELS", "build_runner", "ensure_distributed", "model_dir", "plan_kv
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 #: The folder holding the tiny model configs shipped with the catalog.
-MODELS = Path(__file__).resolve().parent / "models"
+MODELS = Path(__file__).resolve().parents[1] / "models"
 
 
 def model_dir(name: str) -> Path:
@@ -81,7 +81,7 @@ def build_runner(vllm_config: Any, runner_cls: type | None = None, *,
     from vllm.config import set_current_vllm_config
     from vllm.platforms import current_platform
 
-    from .runner import platform_runner_class
+    from ..hook.runner import platform_runner_class
 
     ensure_distributed(vllm_config)
     cls = runner_cls or platform_runner_class()

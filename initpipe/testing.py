@@ -1,0 +1,135 @@
+"""Test facilities: make a stage fail on purpose, in this process or in spawned workers.
+
+What belongs here: tools for testing pipelines and the code that drives them — nothing the
+product path calls. A fault is injected into one :class:`~initpipe.Run` without editing the
+stage or its pipeline:
+
+- ``after=False``: the stage fails *before* it runs (its function is never called); the
+  stages before it are rolled back.
+- ``after=True``: the stage runs and completes, then the phase fails at it — its output
+  exists and is rolled back (its teardown runs) like every completed stage's.
+
+Either way the run raises :class:`~initpipe.StageError` naming the stage, exactly as a real
+failure would, and ``clear_faults(run)`` (or leaving the ``with`` block) restores the run.
+
+Spawned worker processes cannot be reached with a function call: set
+``INITPIPE_INJECT_FAULT=stage[:after][,stage2...]`` in their environment and call
+:func:`inject_faults_from_env` on each new run (the vLLM pipelined runner does when the
+variable is set).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from ._run import Run
+from ._trace import TraceEvent
+from .errors import InjectedFault, UnknownStageNameError
+
+__all__ = ["ENV_FAULT", "clear_faults", "fault", "inject_fault", "inject_faults_from_env",
+           "parse_fault_spec"]
+
+#: ``stage[:after]`` entries, comma-separated: faults for runs in processes you cannot call.
+ENV_FAULT = "INITPIPE_INJECT_FAULT"
+
+# The listeners each run got from inject_fault(after=True), so clear_faults removes them.
+_AFTER: weakref.WeakKeyDictionary[Run, list[Callable[[TraceEvent], None]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def inject_fault(run: Run, stage: str, error: BaseException | None = None, *,
+                 after: bool = False) -> None:
+    """Make ``stage`` fail in ``run`` on each of its next runs, until :func:`clear_faults`.
+
+    Args:
+        run: the run to affect (other runs of the same pipeline are untouched).
+        stage: the stage name.
+        error: the exception to raise (default: :class:`~initpipe.errors.InjectedFault`).
+        after: fail right after the stage completed (its output is rolled back) instead of
+            before it runs.
+
+    Raises:
+        UnknownStageNameError: no such stage (with close names).
+    """
+    spec = run.pipeline.stage(stage)
+    err = error if error is not None else InjectedFault(f"injected fault in {stage!r}")
+    if after:
+        def fail_after(event: TraceEvent) -> None:
+            if event.name == stage and event.kind == "stage" and event.outcome == "ok":
+                raise err
+
+        run.add_listener(fail_after)
+        _AFTER.setdefault(run, []).append(fail_after)
+        return
+
+    def fail_before(*args: Any) -> Any:
+        raise err
+
+    # The run keeps its own copy of the pipeline's steps: swap this stage's call there.
+    phase = spec.needs
+    run._steps[phase] = tuple(step.with_call(fail_before) if step.name == stage else step
+                              for step in run._steps[phase])
+
+
+def clear_faults(run: Run) -> None:
+    """Remove every fault injected into ``run``."""
+    run._steps = dict(run.pipeline.steps)
+    for fn in _AFTER.pop(run, ()):
+        run.remove_listener(fn)
+
+
+@contextlib.contextmanager
+def fault(run: Run, stage: str, error: BaseException | None = None, *,
+          after: bool = False) -> Iterator[Run]:
+    """``with fault(run, "stage"): ...`` — :func:`inject_fault`, cleared on exit."""
+    inject_fault(run, stage, error, after=after)
+    try:
+        yield run
+    finally:
+        clear_faults(run)
+
+
+def parse_fault_spec(value: str) -> list[tuple[str, bool]]:
+    """Parse ``stage[:after][,stage2[:before]...]`` into ``[(stage, after), ...]``.
+
+    Raises:
+        ValueError: an entry's mode is neither ``after`` nor ``before``.
+    """
+    faults = []
+    for entry in value.split(","):
+        name, _, mode = entry.strip().partition(":")
+        if not name:
+            continue
+        if mode not in ("", "before", "after"):
+            msg = (f"{ENV_FAULT}={value!r}: {entry.strip()!r} has mode {mode!r}; use "
+                   f"'stage', 'stage:before' or 'stage:after'.")
+            raise ValueError(msg)
+        faults.append((name, mode == "after"))
+    return faults
+
+
+def inject_faults_from_env(run: Run, environ: Mapping[str, str] | None = None,
+                           make_error: Callable[[str], BaseException] | None = None) -> bool:
+    """Inject the faults ``INITPIPE_INJECT_FAULT`` names into ``run``; True if any.
+
+    Stage names the pipeline lacks are an error (a typo would silently test nothing).
+
+    Raises:
+        ValueError: a malformed entry.
+        UnknownStageNameError: a stage the run's pipeline does not have.
+    """
+    raw = (os.environ if environ is None else environ).get(ENV_FAULT, "").strip()
+    if not raw:
+        return False
+    for name, after in parse_fault_spec(raw):
+        try:
+            run.pipeline.stage(name)
+        except UnknownStageNameError as err:
+            raise UnknownStageNameError(f"{ENV_FAULT}: {err}", name) from None
+        error = make_error(name) if make_error is not None else None
+        inject_fault(run, name, error, after=after)
+    return True

@@ -1,0 +1,24 @@
+"""The vLLM integration: where the catalog meets a running vLLM worker.
+
+What belongs here: everything that touches vLLM's runner and worker objects at run time,
+and nothing that is a stage.
+
+- :mod:`.runner` — ``PipelinedRunnerMixin`` and the one adapter that writes stage outputs
+  onto vLLM's ``GPUModelRunner`` / ``CPUModelRunner``;
+- :mod:`.worker` — ``PipelinedWorker`` (CPU and CUDA variants), the class vLLM is given as
+  ``worker_cls``;
+- :mod:`.plugin` — the opt-in ``vllm.general_plugins`` entry point (``INITPIPE_VLLM=1``);
+- :mod:`.progress` — per-stage log lines, trace files and failure reports.
+
+Imports point down: this package uses the catalog (``initpipe_vllm`` and its stage
+modules) and ``initpipe``; the tools and the test kit use this package, never the reverse.
+vLLM is imported lazily, inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["PIPELINED_WORKER"]
+
+#: The dotted name vLLM is given as ``worker_cls`` (resolved in every worker process, so
+#: it stays stable: ``initpipe_vllm/worker.py`` re-exports the class from :mod:`.worker`).
+PIPELINED_WORKER = "initpipe_vllm.worker.PipelinedWorker"

@@ -1,0 +1,29 @@
+"""The test kit: what the catalog's tests, and third-party stage authors, test with.
+
+What belongs here: tools for checking a pipelined runner against stock vLLM — nothing the
+product path calls.
+
+- :mod:`.builders` — engine-less runners (stock or pipelined) on a tiny local model, and the
+  ``KVCacheConfig`` the engine would plan for them;
+- :mod:`.snapshot` — ``runner_snapshot``: a runner's initialization state as plain data,
+  and ``diff_snapshots``;
+- :mod:`.equivalence` — stock vs pipelined engines on one config: same tokens, same
+  snapshots (``python -m initpipe_vllm.testing.equivalence --model DIR``);
+- :mod:`.pytest_plugin` — the ``pytest11`` plugin with fixtures for stage-level tests.
+
+Fault injection into a run lives in :mod:`initpipe.testing` (the core's test facility).
+"""
+
+from __future__ import annotations
+
+from .builders import (
+    MODELS,
+    build_runner,
+    ensure_distributed,
+    model_dir,
+    plan_kv_cache_config,
+    tiny_vllm_config,
+)
+
+__all__ = ["MODELS", "build_runner", "ensure_distributed", "model_dir", "plan_kv_cache_config",
+           "tiny_vllm_config"]

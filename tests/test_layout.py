@@ -1,0 +1,144 @@
+"""The tree shows the architecture: imports point down, never in a circle.
+
+The import graph is read from the source with ``ast`` (every import: module level, inside
+functions, under ``TYPE_CHECKING``), so a lazy import that closes a circle counts too.
+Layers, lowest first:
+
+- ``initpipe``: core (``initpipe``, ``initpipe._*``, ``errors``, ``files``, ``testing``)
+  <- ``initpipe.view`` <- ``initpipe.cli``;
+- ``initpipe_vllm``: the catalog (the package, its stage modules, ``types``, ``errors``)
+  <- ``hook`` (with the ``worker``/``runner`` re-exports) <- ``testing`` (with the
+  ``pytest_plugin`` re-export) <- ``tools``;
+- ``initpipe`` never imports ``initpipe_vllm`` (the CLI names it only as strings).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"initpipe": ROOT / "initpipe", "initpipe_vllm": ROOT / "stages"}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for name, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            rel = path.relative_to(folder).with_suffix("")
+            parts = [name, *rel.parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _is_package(mod: str) -> bool:
+    return MODULES[mod].name == "__init__.py"
+
+
+def _imports(mod: str) -> set[str]:
+    """Internal modules that ``mod`` imports, anywhere in its source."""
+    tree = ast.parse(MODULES[mod].read_text())
+    base = mod if _is_package(mod) else mod.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = base.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                target = ".".join([*anchor, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            # `from pkg import sub` imports the submodule when there is one
+            names = [f"{target}.{a.name}" if f"{target}.{a.name}" in MODULES else target
+                     for a in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in MODULES:
+                name = name.rpartition(".")[0]
+            if name and name != mod:
+                out.add(name)
+    return out
+
+
+def _graph() -> nx.DiGraph:
+    g = nx.DiGraph()
+    for mod in MODULES:
+        g.add_node(mod)
+        for dep in _imports(mod):
+            g.add_edge(mod, dep)
+    return g
+
+
+def _layer(mod: str) -> tuple[int, int]:
+    """(package, layer): a module may import only its own package's layers at or below."""
+    if mod.startswith("initpipe_vllm"):
+        rules = [(r"initpipe_vllm\.tools\b", 3), (r"initpipe_vllm\.(testing|pytest_plugin)\b", 2),
+                 (r"initpipe_vllm\.(hook|worker|runner)\b", 1), (r"initpipe_vllm\b", 0)]
+        return 1, next(n for pat, n in rules if re.match(pat, mod))
+    rules = [(r"initpipe\.cli\b", 2), (r"initpipe\.view\b", 1), (r"initpipe\b", 0)]
+    return 0, next(n for pat, n in rules if re.match(pat, mod))
+
+
+def test_the_import_graph_is_read() -> None:
+    g = _graph()
+    # a few known edges, so a broken reader cannot pass the checks below by seeing nothing
+    assert ("initpipe._pipeline", "initpipe._run") in g.edges
+    assert ("initpipe.cli.graph", "initpipe.view.export") in g.edges
+    assert ("initpipe_vllm.worker", "initpipe_vllm.hook.worker") in g.edges
+    assert ("initpipe_vllm.kv_phase", "initpipe") in g.edges
+    assert g.number_of_edges() > 80
+
+
+def test_no_import_circles() -> None:
+    cycles = sorted(nx.simple_cycles(_graph()))
+    assert cycles == [], "\n".join(" -> ".join([*c, c[0]]) for c in cycles)
+
+
+@pytest.mark.parametrize("mod", sorted(MODULES))
+def test_imports_point_down(mod: str) -> None:
+    package, layer = _layer(mod)
+    up = sorted(dep for dep in _imports(mod)
+                if _layer(dep)[0] == package and _layer(dep)[1] > layer)
+    assert up == [], f"{mod} imports a higher layer: {up}"
+
+
+def test_initpipe_never_imports_initpipe_vllm() -> None:
+    bad = sorted((m, d) for m, d in _graph().edges
+                 if (m == "initpipe" or m.startswith("initpipe.")) and d.startswith("initpipe_vllm"))
+    assert bad == []
+
+
+@pytest.mark.parametrize("mod", sorted(m for m in MODULES if _is_package(m)))
+def test_every_package_says_what_belongs_in_it(mod: str) -> None:
+    doc = ast.get_docstring(ast.parse(MODULES[mod].read_text())) or ""
+    assert len(doc.split()) >= 20, f"{MODULES[mod]} needs a docstring saying what belongs there"
+
+
+def test_every_path_the_readme_names_exists() -> None:
+    readme = (ROOT / "README.md").read_text()
+    pattern = r"`((?:initpipe|initpipe_vllm|stages|tests|benchmarks|examples)/[\w./-]*[\w/])"
+    paths = set(re.findall(pattern, readme))
+    assert len(paths) > 10
+    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    assert missing == []
+
+
+def test_the_readme_layout_lists_every_folder() -> None:
+    readme = (ROOT / "README.md").read_text()
+    layout = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    folders = sorted(str(p.parent.relative_to(ROOT)) + "/"
+                     for folder in PACKAGES.values() for p in folder.rglob("__init__.py"))
+    missing = [f for f in folders if f not in layout]
+    assert missing == []
