@@ -53,24 +53,33 @@ def run_all(names: list[str], smoke: bool) -> tuple[list[Row], dict[str, str]]:
             traceback.print_exc()
             continue
         rows.extend(got)
-        print(f"[bench] {name}: {len(got)} figures in {time.perf_counter() - t0:.1f} s",
-              file=sys.stderr, flush=True)
+        print(
+            f"[bench] {name}: {len(got)} figures in {time.perf_counter() - t0:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     return rows, errors
 
 
 def markdown(rows: list[Row], errors: dict[str, str], info: dict) -> str:
     """Render the report."""
-    lines = ["# Benchmarks", "",
-             f"Machine: {info['platform']}, Python {info['python']}, {info['cpus']} CPUs "
-             f"({info['processor']}); run {info['date']}. Regenerate with `make bench`.", "",
-             "Every figure was measured side by side in one run; ratios compare runs "
-             "alternated in the same process or back-to-back processes.", "",
-             "| bench | figure | value | target | met | detail |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Machine: {info['platform']}, Python {info['python']}, {info['cpus']} CPUs "
+        f"({info['processor']}); run {info['date']}. Regenerate with `make bench`.",
+        "",
+        "Every figure was measured side by side in one run; ratios compare runs "
+        "alternated in the same process or back-to-back processes.",
+        "",
+        "| bench | figure | value | target | met | detail |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         met = {True: "yes", False: "**no**", None: ""}[r.met]
-        lines.append(f"| {r.bench} | {r.name} | {r.value:g} {r.unit} | {r.target} | {met} "
-                     f"| {r.detail} |")
+        lines.append(
+            f"| {r.bench} | {r.name} | {r.value:g} {r.unit} | {r.target} | {met} | {r.detail} |"
+        )
     if errors:
         lines += ["", "Not measured in this run:", ""]
         lines += [f"- {k}: {v}" for k, v in errors.items()]
@@ -82,13 +91,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, quick (CI)")
     ap.add_argument("--only", nargs="+", choices=list(BENCHES), help="run only these")
-    ap.add_argument("--out", type=Path, help="directory for BENCHMARKS.md and results.json "
-                                             "(default: the repository root, not with --smoke)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        help="directory for BENCHMARKS.md and results.json "
+        "(default: the repository root, not with --smoke)",
+    )
     args = ap.parse_args(argv)
     names = args.only or list(BENCHES)
     rows, errors = run_all(names, args.smoke)
-    info = {**machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "smoke": args.smoke}
+    info = {
+        **machine(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "smoke": args.smoke,
+    }
     report = markdown(rows, errors, info)
     print(report)
     out = args.out if args.out is not None else (None if args.smoke else ROOT)

@@ -35,8 +35,9 @@ class Row:
     detail: str = ""
 
 
-def alternate(fns: dict[str, Callable[[], Any]], repeats: int, number: int = 1
-              ) -> dict[str, list[float]]:
+def alternate(
+    fns: dict[str, Callable[[], Any]], repeats: int, number: int = 1
+) -> dict[str, list[float]]:
     """Time each callable ``number`` times per sample, alternating, ``repeats`` samples.
 
     Returns seconds per call, one value per sample, for each name. Alternating in one run
@@ -59,5 +60,9 @@ def mm(samples: list[float]) -> tuple[float, float]:
 
 def machine() -> dict[str, Any]:
     """Describe the machine the numbers came from."""
-    return {"platform": platform.platform(), "python": platform.python_version(),
-            "cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()}
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+    }

@@ -29,21 +29,30 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     from vllm import LLM
 
-    from initpipe_vllm.testing.equivalence import PIPELINED_WORKER, engine_kwargs
     from initpipe_vllm.testing import model_dir
+    from initpipe_vllm.testing.equivalence import PIPELINED_WORKER, engine_kwargs
 
     import_s = time.perf_counter() - t0
-    kwargs, _ = engine_kwargs(args.model or model_dir("tiny-llama"),
-                              kv_cache_memory_bytes=8 << 20, enforce_eager=True,
-                              dtype="float32", load_format="dummy")
+    kwargs, _ = engine_kwargs(
+        args.model or model_dir("tiny-llama"),
+        kv_cache_memory_bytes=8 << 20,
+        enforce_eager=True,
+        dtype="float32",
+        load_format="dummy",
+    )
     if args.pipelined:
         kwargs["worker_cls"] = PIPELINED_WORKER
     t1 = time.perf_counter()
     llm = LLM(**kwargs)
     llm_s = time.perf_counter() - t1
     runner = llm.collective_rpc(lambda w: type(w.model_runner).__name__)[0]
-    print(f"{MARK} " + json.dumps({"llm_s": llm_s, "import_s": import_s, "runner": runner,
-                                   "pipelined": args.pipelined}), flush=True)
+    print(
+        f"{MARK} "
+        + json.dumps(
+            {"llm_s": llm_s, "import_s": import_s, "runner": runner, "pipelined": args.pipelined}
+        ),
+        flush=True,
+    )
     core = getattr(llm.llm_engine, "engine_core", None)
     if core is not None and hasattr(core, "shutdown"):
         core.shutdown()

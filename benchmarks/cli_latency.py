@@ -22,7 +22,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import Row, mm  # noqa: E402
+from benchmarks._common import Row, mm
 
 #: Targets from PRODUCT.md.
 MAX_SECONDS = 0.3
@@ -32,15 +32,18 @@ MAX_RATIO = 0.1
 def commands(target: str | None = None) -> dict[str, list[str]]:
     """The commands compared: ``initpipe graph`` (on the catalog), ``import vllm``, baseline."""
     graph = [sys.executable, "-m", "initpipe.cli", "graph"] + ([target] if target else [])
-    return {"initpipe graph": graph,
-            "import vllm": [sys.executable, "-c", "import vllm"],
-            "python -c pass": [sys.executable, "-c", "pass"]}
+    return {
+        "initpipe graph": graph,
+        "import vllm": [sys.executable, "-c", "import vllm"],
+        "python -c pass": [sys.executable, "-c", "pass"],
+    }
 
 
 def _once(argv: list[str], env: dict[str, str]) -> float:
     t0 = time.perf_counter()
-    res = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         timeout=600, check=False)
+    res = subprocess.run(
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600, check=False
+    )
     elapsed = time.perf_counter() - t0
     if res.returncode != 0:
         msg = f"{' '.join(argv[1:])} exited {res.returncode}: {res.stderr.decode()[-500:]}"
@@ -60,25 +63,45 @@ def measure(repeats: int = 5, target: str | None = None) -> dict[str, Any]:
             samples[name].append(_once(argv, env))
     summary = {k: dict(zip(("min", "median"), mm(v), strict=True)) for k, v in samples.items()}
     g, v = summary["initpipe graph"], summary["import vllm"]
-    return {"target": target or "initpipe_vllm (default)", "repeats": repeats,
-            "samples": samples, "summary": summary,
-            "ratio_min": g["min"] / v["min"], "ratio_median": g["median"] / v["median"],
-            "targets": {"seconds": MAX_SECONDS, "ratio": MAX_RATIO}}
+    return {
+        "target": target or "initpipe_vllm (default)",
+        "repeats": repeats,
+        "samples": samples,
+        "summary": summary,
+        "ratio_min": g["min"] / v["min"],
+        "ratio_median": g["median"] / v["median"],
+        "targets": {"seconds": MAX_SECONDS, "ratio": MAX_RATIO},
+    }
 
 
 def run(smoke: bool = False) -> list[Row]:
     """Rows for the benchmark runner (``python -m benchmarks``)."""
     res = measure(repeats=1 if smoke else 5)
     g, v = res["summary"]["initpipe graph"], res["summary"]["import vllm"]
-    detail = (f"graph min/med {g['min']:.3f}/{g['median']:.3f} s; import vllm min/med "
-              f"{v['min']:.3f}/{v['median']:.3f} s; python -c pass min "
-              f"{res['summary']['python -c pass']['min']:.3f} s; {res['repeats']} alternated")
+    detail = (
+        f"graph min/med {g['min']:.3f}/{g['median']:.3f} s; import vllm min/med "
+        f"{v['min']:.3f}/{v['median']:.3f} s; python -c pass min "
+        f"{res['summary']['python -c pass']['min']:.3f} s; {res['repeats']} alternated"
+    )
     return [
-        Row(bench="cli_latency", name="initpipe graph, cold (median)", value=g["median"],
-            unit="s", target=f"<= {MAX_SECONDS}", met=g["median"] <= MAX_SECONDS, detail=detail),
-        Row(bench="cli_latency", name="initpipe graph / import vllm (median)",
-            value=res["ratio_median"], unit="x", target=f"<= {MAX_RATIO}",
-            met=res["ratio_median"] <= MAX_RATIO, detail=detail),
+        Row(
+            bench="cli_latency",
+            name="initpipe graph, cold (median)",
+            value=g["median"],
+            unit="s",
+            target=f"<= {MAX_SECONDS}",
+            met=g["median"] <= MAX_SECONDS,
+            detail=detail,
+        ),
+        Row(
+            bench="cli_latency",
+            name="initpipe graph / import vllm (median)",
+            value=res["ratio_median"],
+            unit="x",
+            target=f"<= {MAX_RATIO}",
+            met=res["ratio_median"] <= MAX_RATIO,
+            detail=detail,
+        ),
     ]
 
 
@@ -97,9 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'command':<16} {'min':>7} {'median':>7}")
     for name, s in res["summary"].items():
         print(f"{name:<16} {s['min']:>7.3f} {s['median']:>7.3f}")
-    print(f"initpipe graph / import vllm: {res['ratio_min']:.3f} (min), "
-          f"{res['ratio_median']:.3f} (median); targets: <= {MAX_SECONDS} s and "
-          f"<= {MAX_RATIO}")
+    print(
+        f"initpipe graph / import vllm: {res['ratio_min']:.3f} (min), "
+        f"{res['ratio_median']:.3f} (median); targets: <= {MAX_SECONDS} s and "
+        f"<= {MAX_RATIO}"
+    )
     return 0
 
 

@@ -42,7 +42,7 @@ def build_functions() -> types.ModuleType:
     for name, params, _ in _sources():
         args = ", ".join(f"{p}: int" for p in params)
         src.append(f"def {name}({args}) -> int:\n    return 1\n")
-    exec("\n".join(src), mod.__dict__)  # noqa: S102 - generated benchmark functions
+    exec("\n".join(src), mod.__dict__)
     for name, *_ in _sources():
         getattr(mod, name).__module__ = mod.__name__
     return mod
@@ -69,8 +69,11 @@ def run(smoke: bool = False) -> list[Row]:
         r.load(model=0)
         r.initialize_kv_cache(0)
 
-    order = list(graphlib.TopologicalSorter(
-        {n: [p for p in params if p.startswith("s")] for n, params, _ in srcs}).static_order())
+    order = list(
+        graphlib.TopologicalSorter(
+            {n: [p for p in params if p.startswith("s")] for n, params, _ in srcs}
+        ).static_order()
+    )
     by_name = {n: (f, params) for f, params, n in funcs}
 
     def graphlib_loop() -> None:
@@ -104,14 +107,28 @@ def run(smoke: bool = False) -> list[Row]:
     for name in [k for k in fns if k != "direct"]:
         f_min, f_med = mm(times[name])
         per[name] = (f_med - d_med) / N_STAGES * 1e6
-        rows.append(Row(bench="dispatch", name=f"overhead per stage: {name}",
-                        value=round(per[name], 3), unit="µs",
-                        target="<= 5" if name == "initpipe" else "",
-                        met=per[name] <= 5 if name == "initpipe" else None,
-                        detail=f"pipeline min/median {f_min * 1e6:.1f}/{f_med * 1e6:.1f} µs; "
-                               f"direct {d_min * 1e6:.1f}/{d_med * 1e6:.1f} µs"))
+        rows.append(
+            Row(
+                bench="dispatch",
+                name=f"overhead per stage: {name}",
+                value=round(per[name], 3),
+                unit="µs",
+                target="<= 5" if name == "initpipe" else "",
+                met=per[name] <= 5 if name == "initpipe" else None,
+                detail=f"pipeline min/median {f_min * 1e6:.1f}/{f_med * 1e6:.1f} µs; "
+                f"direct {d_min * 1e6:.1f}/{d_med * 1e6:.1f} µs",
+            )
+        )
     if "hamilton" in per:
         ratio = per["hamilton"] / per["initpipe"]
-        rows.append(Row(bench="dispatch", name="Hamilton overhead / initpipe overhead",
-                        value=round(ratio, 1), unit="x", target=">= 10", met=ratio >= 10))
+        rows.append(
+            Row(
+                bench="dispatch",
+                name="Hamilton overhead / initpipe overhead",
+                value=round(ratio, 1),
+                unit="x",
+                target=">= 10",
+                met=ratio >= 10,
+            )
+        )
     return rows

@@ -6,7 +6,8 @@ starts an in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) on the tiny L
 time from just before ``LLM(...)`` to just after it returns; the parent also times the
 whole process (interpreter start, imports, engine, shutdown). Stock and initpipe children
 alternate (ABBA order, so neither side always runs first) after one discarded warm-up
-pair (``.pyc`` files, OS file cache; skipped with ``--smoke``). Ratios are initpipe/stock of the min and the median.
+pair (``.pyc`` files, OS file cache; skipped with ``--smoke``). Ratios are initpipe/stock of
+the min and the median.
 
 The device is whatever vLLM's platform picks (``VLLM_TARGET_DEVICE``; CPU here). Written
 device-agnostic but untested on CUDA (no GPU on the development machines).
@@ -37,21 +38,27 @@ def start_once(pipelined: bool, model: str | None = None) -> dict[str, Any]:
     """Start one engine in a fresh child process; its timing line plus ``wall_s``."""
     from ._engine_child import MARK
 
-    env = {**os.environ, "VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu"),
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    env = {
+        **os.environ,
+        "VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu"),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    }
     argv = [sys.executable, "-m", "benchmarks._engine_child"]
     argv += ["--pipelined"] if pipelined else []
     argv += ["--model", model] if model else []
     t0 = time.perf_counter()
-    res = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=600, check=False)
+    res = subprocess.run(
+        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
     wall = time.perf_counter() - t0
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith(MARK)]
     if res.returncode != 0 or not lines:
-        msg = (f"engine child ({'initpipe' if pipelined else 'stock'}) exited "
-               f"{res.returncode}: {res.stderr[-1500:]}")
+        msg = (
+            f"engine child ({'initpipe' if pipelined else 'stock'}) exited "
+            f"{res.returncode}: {res.stderr[-1500:]}"
+        )
         raise RuntimeError(msg)
-    out = json.loads(lines[-1][len(MARK):])
+    out = json.loads(lines[-1][len(MARK) :])
     want = "Pipelined" if pipelined else ""
     if pipelined != out["runner"].startswith("Pipelined"):
         raise RuntimeError(f"engine child ran {out['runner']!r}, expected {want or 'stock'}")
@@ -88,11 +95,19 @@ def run(smoke: bool = False) -> list[Row]:
         p_min, p_med = mm(samples["initpipe"][key])
         ratio = p_med / s_med
         is_target = key == "llm_s"
-        rows.append(Row(
-            bench="engine", name=f"engine start initpipe/stock, {what} (median)",
-            value=round(ratio, 4), unit="x", target=f"<= {MAX_RATIO}" if is_target else "",
-            met=(ratio <= MAX_RATIO) if is_target else None,
-            detail=(f"initpipe min/med {p_min:.3f}/{p_med:.3f} s; stock min/med "
+        rows.append(
+            Row(
+                bench="engine",
+                name=f"engine start initpipe/stock, {what} (median)",
+                value=round(ratio, 4),
+                unit="x",
+                target=f"<= {MAX_RATIO}" if is_target else "",
+                met=(ratio <= MAX_RATIO) if is_target else None,
+                detail=(
+                    f"initpipe min/med {p_min:.3f}/{p_med:.3f} s; stock min/med "
                     f"{s_min:.3f}/{s_med:.3f} s; ratio of mins {p_min / s_min:.4f}; "
-                    f"{repeats} ABBA-alternated fresh processes per side")))
+                    f"{repeats} ABBA-alternated fresh processes per side"
+                ),
+            )
+        )
     return rows

@@ -67,8 +67,9 @@ class Side:
 
     def plan(self, memory: int | None = None, num_blocks: int | None = None) -> Any:
         """A KV config for this runner from the engine's planner."""
-        return self._plan(self.runner, memory if memory is not None else 8 << 20,
-                          num_blocks=num_blocks)
+        return self._plan(
+            self.runner, memory if memory is not None else 8 << 20, num_blocks=num_blocks
+        )
 
     def init(self, kv_cfg: Any) -> None:
         """``initialize_kv_cache`` as the worker calls it, then synchronize."""
@@ -131,8 +132,9 @@ def first_kv_phase(pairs: int) -> dict[str, list[float]]:
     return out
 
 
-def reinit_samples(repeats: int, frozen: bool = True
-                   ) -> tuple[dict[str, list[float]], dict[str, Any]]:
+def reinit_samples(
+    repeats: int, frozen: bool = True
+) -> tuple[dict[str, list[float]], dict[str, Any]]:
     """Re-init on the live pair: symmetric (cleanup + init) and the pipelined bare re-init.
 
     ``frozen``: freeze the heap first as ``EngineCore`` does after startup (undone after).
@@ -205,47 +207,82 @@ def run(smoke: bool = False) -> list[Row]:
     os.environ.pop("INITPIPE_LOG_STAGES")
     rows = []
 
-    def ratio_row(name: str, num: list[float], den: list[float], what: str, target: bool
-                  ) -> float:
+    def ratio_row(name: str, num: list[float], den: list[float], what: str, target: bool) -> float:
         n_min, n_med = mm(num)
         d_min, d_med = mm(den)
         ratio = n_med / d_med
-        rows.append(Row(bench="kv", name=name, value=round(ratio, 4), unit="x",
-                        target=f"<= {MAX_RATIO}" if target else "",
-                        met=(ratio <= MAX_RATIO) if target else None,
-                        detail=f"{what}; initpipe min/med {n_min * 1e3:.2f}/{n_med * 1e3:.2f} ms; "
-                               f"stock min/med {d_min * 1e3:.2f}/{d_med * 1e3:.2f} ms; ratio of "
-                               f"mins {n_min / d_min:.4f}; device {device}"))
+        rows.append(
+            Row(
+                bench="kv",
+                name=name,
+                value=round(ratio, 4),
+                unit="x",
+                target=f"<= {MAX_RATIO}" if target else "",
+                met=(ratio <= MAX_RATIO) if target else None,
+                detail=f"{what}; initpipe min/med {n_min * 1e3:.2f}/{n_med * 1e3:.2f} ms; "
+                f"stock min/med {d_min * 1e3:.2f}/{d_med * 1e3:.2f} ms; ratio of "
+                f"mins {n_min / d_min:.4f}; device {device}",
+            )
+        )
         return ratio
 
-    ratio_row("first KV phase initpipe/stock (median)", first["initpipe"], first["stock"],
-              f"initialize_kv_cache on {pairs} fresh runner pairs, 8 MiB, "
-              f"INITPIPE_LOG_STAGES=0", True)
-    ratio_row("KV re-init initpipe/stock (median)", times["initpipe"], times["stock"],
-              f"both sides: _cleanup_profiling_kv_cache() + initialize_kv_cache(), num_blocks "
-              f"alternating {info['sizes']}, heap frozen as in a live engine, "
-              f"INITPIPE_LOG_STAGES=0, {repeats} alternated", True)
-    ratio_row("KV re-init initpipe/stock with per-stage log lines (default) (median)",
-              logged["initpipe"], logged["stock"],
-              "as above with one vLLM log line per stage and teardown (about 50 us each); "
-              "reported, the target applies to the framework", False)
-    ratio_row("KV re-init initpipe/stock, unfrozen heap (median)", unfrozen["initpipe"],
-              unfrozen["stock"], f"as above on an unfrozen heap (the cleanup's full "
-              f"gc.collect dominates both sides), {unfrozen_repeats} alternated", True)
-    ratio_row("KV re-init, initpipe bare initialize_kv_cache / stock cleanup+init (median)",
-              times["initpipe_bare"], times["stock"],
-              "initpipe tears the old KV phase down itself (no gc.collect/empty_cache)", False)
+    ratio_row(
+        "first KV phase initpipe/stock (median)",
+        first["initpipe"],
+        first["stock"],
+        f"initialize_kv_cache on {pairs} fresh runner pairs, 8 MiB, INITPIPE_LOG_STAGES=0",
+        True,
+    )
+    ratio_row(
+        "KV re-init initpipe/stock (median)",
+        times["initpipe"],
+        times["stock"],
+        f"both sides: _cleanup_profiling_kv_cache() + initialize_kv_cache(), num_blocks "
+        f"alternating {info['sizes']}, heap frozen as in a live engine, "
+        f"INITPIPE_LOG_STAGES=0, {repeats} alternated",
+        True,
+    )
+    ratio_row(
+        "KV re-init initpipe/stock with per-stage log lines (default) (median)",
+        logged["initpipe"],
+        logged["stock"],
+        "as above with one vLLM log line per stage and teardown (about 50 us each); "
+        "reported, the target applies to the framework",
+        False,
+    )
+    ratio_row(
+        "KV re-init initpipe/stock, unfrozen heap (median)",
+        unfrozen["initpipe"],
+        unfrozen["stock"],
+        f"as above on an unfrozen heap (the cleanup's full "
+        f"gc.collect dominates both sides), {unfrozen_repeats} alternated",
+        True,
+    )
+    ratio_row(
+        "KV re-init, initpipe bare initialize_kv_cache / stock cleanup+init (median)",
+        times["initpipe_bare"],
+        times["stock"],
+        "initpipe tears the old KV phase down itself (no gc.collect/empty_cache)",
+        False,
+    )
     llm_s, wall_s, source = restart_seconds(smoke)
     reinit_med = mm(times["initpipe"])[1]
     restart = mm(llm_s)[1] / reinit_med
-    rows.append(Row(bench="kv", name="engine restart / initpipe KV re-init (median)",
-                    value=round(restart, 1), unit="x", target=f">= {MIN_RESTART_RATIO:g}",
-                    met=restart >= MIN_RESTART_RATIO,
-                    detail=f"restart = {source}, median {mm(llm_s)[1]:.3f} s (whole process "
-                           f"{mm(wall_s)[1]:.2f} s, i.e. {mm(wall_s)[1] / reinit_med:.0f}x); "
-                           f"re-init median {reinit_med * 1e3:.2f} ms (frozen heap; "
-                           f"unfrozen heap: {mm(llm_s)[1] / mm(unfrozen['initpipe'])[1]:.1f}x; "
-                           f"bare re-init: {mm(llm_s)[1] / mm(times['initpipe_bare'])[1]:.0f}x);"
-                           f" target reads PRODUCT.md's "
-                           f"'far below an engine restart'"))
+    rows.append(
+        Row(
+            bench="kv",
+            name="engine restart / initpipe KV re-init (median)",
+            value=round(restart, 1),
+            unit="x",
+            target=f">= {MIN_RESTART_RATIO:g}",
+            met=restart >= MIN_RESTART_RATIO,
+            detail=f"restart = {source}, median {mm(llm_s)[1]:.3f} s (whole process "
+            f"{mm(wall_s)[1]:.2f} s, i.e. {mm(wall_s)[1] / reinit_med:.0f}x); "
+            f"re-init median {reinit_med * 1e3:.2f} ms (frozen heap; "
+            f"unfrozen heap: {mm(llm_s)[1] / mm(unfrozen['initpipe'])[1]:.1f}x; "
+            f"bare re-init: {mm(llm_s)[1] / mm(times['initpipe_bare'])[1]:.0f}x);"
+            f" target reads PRODUCT.md's "
+            f"'far below an engine restart'",
+        )
+    )
     return rows

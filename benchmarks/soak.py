@@ -65,15 +65,16 @@ def malloc_trim() -> bool:
         return False
 
 
-def soak(cycles: int, *, model: str = "tiny-llama", sizes: tuple[int, ...] = SIZES,
-         seed: int = 0) -> dict[str, Any]:
+def soak(
+    cycles: int, *, model: str = "tiny-llama", sizes: tuple[int, ...] = SIZES, seed: int = 0
+) -> dict[str, Any]:
     """Re-initialize one pipelined runner ``cycles`` times; return the figures as a dict."""
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     from vllm.config import set_current_vllm_config
 
     from initpipe_vllm.runner import pipelined_runner_class
-    from initpipe_vllm.testing.snapshot import diff_snapshots, runner_snapshot
     from initpipe_vllm.testing import build_runner, plan_kv_cache_config, tiny_vllm_config
+    from initpipe_vllm.testing.snapshot import diff_snapshots, runner_snapshot
 
     cfg = tiny_vllm_config(model)
     runner = build_runner(cfg, pipelined_runner_class())
@@ -98,7 +99,8 @@ def soak(cycles: int, *, model: str = "tiny-llama", sizes: tuple[int, ...] = SIZ
         runner.initialize_kv_cache(copy.deepcopy(kv_cfg))
         cfg.cache_config.num_gpu_blocks = kv_cfg.num_blocks
         ctx = cfg.compilation_config.static_forward_context.values()
-        current = list(runner.kv_caches) + [l.kv_cache for l in ctx if hasattr(l, "kv_cache")]
+        bound = [layer.kv_cache for layer in ctx if hasattr(layer, "kv_cache")]
+        current = list(runner.kv_caches) + bound
         seen: dict[int, Any] = {}
         for t in current:
             views.append(weakref.ref(t))
@@ -110,8 +112,8 @@ def soak(cycles: int, *, model: str = "tiny-llama", sizes: tuple[int, ...] = SIZ
 
     with set_current_vllm_config(cfg):
         init(reference, cleanup=False)
-        clean = runner_snapshot(runner)                      # a clean run's state
-        init(planned[largest], cleanup=True)                 # warm-up at the largest size
+        clean = runner_snapshot(runner)  # a clean run's state
+        init(planned[largest], cleanup=True)  # warm-up at the largest size
         # Hide what exists now from the collector: each gc.collect (vLLM's cleanup runs one)
         # then walks only what the soak creates. Later objects are still collected.
         gc.collect()
@@ -128,41 +130,53 @@ def soak(cycles: int, *, model: str = "tiny-llama", sizes: tuple[int, ...] = SIZ
                 rss_samples.append(rss_bytes())
         elapsed = time.perf_counter() - t0
         trace_after = len(runner.initpipe_run.trace._records)
-        init(planned[largest], cleanup=False)                # same size as the baseline
+        init(planned[largest], cleanup=False)  # same size as the baseline
         gc.collect()
         rss_after = rss_bytes()
         malloc_trim()
         rss_after_trimmed = rss_bytes()
         current_storages = len({t.untyped_storage().data_ptr() for t in runner.kv_caches})
-        current_views = alive(views)                         # the views in place now
+        current_views = alive(views)  # the views in place now
         views_now = current_views
-        init(reference, cleanup=True)                        # the clean run's path again
+        init(reference, cleanup=True)  # the clean run's path again
         diffs = diff_snapshots(clean, runner_snapshot(runner))
         runner._cleanup_profiling_kv_cache()
         gc.collect()
         left_storages, left_views = alive(storages), alive(views)
         gc.unfreeze()
     return {
-        "model": model, "cycles": cycles, "sizes": list(sizes),
+        "model": model,
+        "cycles": cycles,
+        "sizes": list(sizes),
         "largest_kv_bytes": max(t.size for t in planned[largest].kv_cache_tensors),
         "cleanups": sum(1 for i in range(cycles) if i % CLEANUP_EVERY == 0),
-        "storages_tracked": len(storages), "views_tracked": len(views),
-        "current_storages_at_largest": current_storages, "current_views_at_largest": views_now,
-        "storages_alive_after_cleanup": left_storages, "views_alive_after_cleanup": left_views,
+        "storages_tracked": len(storages),
+        "views_tracked": len(views),
+        "current_storages_at_largest": current_storages,
+        "current_views_at_largest": views_now,
+        "storages_alive_after_cleanup": left_storages,
+        "views_alive_after_cleanup": left_views,
         "max_storages_alive_at_once": max_alive,
-        "rss_before": rss_before, "rss_after": rss_after,
+        "rss_before": rss_before,
+        "rss_after": rss_after,
         "rss_growth_pct": 100.0 * (rss_after - rss_before) / rss_before,
-        "malloc_trim": trimmed, "rss_before_trimmed": rss_before_trimmed,
+        "malloc_trim": trimmed,
+        "rss_before_trimmed": rss_before_trimmed,
         "rss_after_trimmed": rss_after_trimmed,
-        "rss_growth_trimmed_pct": 100.0 * (rss_after_trimmed - rss_before_trimmed)
-                                  / rss_before_trimmed,
+        "rss_growth_trimmed_pct": 100.0
+        * (rss_after_trimmed - rss_before_trimmed)
+        / rss_before_trimmed,
         "rss_samples": rss_samples,
         # a leak keeps raising the high-water mark; allocator retention plateaus: compare
         # the raw RSS peaks of the first and second half of the soak
         "rss_peak_first_half": max(rss_samples[: len(rss_samples) // 2 + 1]),
-        "rss_peak_second_half": max(rss_samples[len(rss_samples) // 2:] + [rss_after]),
-        "rss_peak_growth_pct": 100.0 * (max(rss_samples[len(rss_samples) // 2:] + [rss_after])
-                                        / max(rss_samples[: len(rss_samples) // 2 + 1]) - 1),
+        "rss_peak_second_half": max([*rss_samples[len(rss_samples) // 2 :], rss_after]),
+        "rss_peak_growth_pct": 100.0
+        * (
+            max([*rss_samples[len(rss_samples) // 2 :], rss_after])
+            / max(rss_samples[: len(rss_samples) // 2 + 1])
+            - 1
+        ),
         "seconds_per_cycle": elapsed / max(cycles, 1),
         "trace_records_per_cycle": (trace_after - trace_before) / max(cycles, 1),
         "snapshot_diffs": diffs,
@@ -174,34 +188,68 @@ def rows(res: dict[str, Any]) -> list[Row]:
     mib = 1 << 20
     growth, trimmed = res["rss_growth_pct"], res["rss_growth_trimmed_pct"]
     return [
-        Row(bench="soak", name="KV re-init cycles (varying num_blocks)", value=res["cycles"],
-            unit="cycles", detail=f"{res['model']}, blocks {min(res['sizes'])}-"
-                                  f"{max(res['sizes'])}, {res['cleanups']} via vLLM cleanup"),
-        Row(bench="soak", name="KV storages alive after the soak", value=res[
-            "storages_alive_after_cleanup"], unit="", target="== 0",
+        Row(
+            bench="soak",
+            name="KV re-init cycles (varying num_blocks)",
+            value=res["cycles"],
+            unit="cycles",
+            detail=f"{res['model']}, blocks {min(res['sizes'])}-"
+            f"{max(res['sizes'])}, {res['cleanups']} via vLLM cleanup",
+        ),
+        Row(
+            bench="soak",
+            name="KV storages alive after the soak",
+            value=res["storages_alive_after_cleanup"],
+            unit="",
+            target="== 0",
             met=res["storages_alive_after_cleanup"] == 0,
             detail=f"of {res['storages_tracked']} tracked; views alive "
-                   f"{res['views_alive_after_cleanup']} of {res['views_tracked']}"),
-        Row(bench="soak", name="KV storages alive at once after a re-init", value=res[
-            "max_storages_alive_at_once"], unit="", target="<= 1",
+            f"{res['views_alive_after_cleanup']} of {res['views_tracked']}",
+        ),
+        Row(
+            bench="soak",
+            name="KV storages alive at once after a re-init",
+            value=res["max_storages_alive_at_once"],
+            unit="",
+            target="<= 1",
             met=res["max_storages_alive_at_once"] <= 1,
-            detail="reference counting only (no gc between cycles)"),
-        Row(bench="soak", name="RSS growth over the soak (in use: after malloc_trim)",
-            value=round(trimmed, 3), unit="%", target="< 2", met=trimmed < 2,
+            detail="reference counting only (no gc between cycles)",
+        ),
+        Row(
+            bench="soak",
+            name="RSS growth over the soak (in use: after malloc_trim)",
+            value=round(trimmed, 3),
+            unit="%",
+            target="< 2",
+            met=trimmed < 2,
             detail=f"{res['rss_before_trimmed'] / mib:.1f} -> "
-                   f"{res['rss_after_trimmed'] / mib:.1f} MiB, from after one warm-up cycle "
-                   f"at {max(res['sizes'])} blocks"),
-        Row(bench="soak", name="RSS growth over the soak (raw, glibc free memory kept)",
-            value=round(growth, 3), unit="%",
+            f"{res['rss_after_trimmed'] / mib:.1f} MiB, from after one warm-up cycle "
+            f"at {max(res['sizes'])} blocks",
+        ),
+        Row(
+            bench="soak",
+            name="RSS growth over the soak (raw, glibc free memory kept)",
+            value=round(growth, 3),
+            unit="%",
             detail=f"{res['rss_before'] / mib:.1f} -> {res['rss_after'] / mib:.1f} MiB; "
-                   f"peak 2nd vs 1st half {res['rss_peak_growth_pct']:+.2f}% (plateau: glibc's "
-                   f"dynamic mmap threshold keeps freed KV buffers in the heap)"),
-        Row(bench="soak", name="final runner snapshot vs a clean run", value=len(
-            res["snapshot_diffs"]), unit="diffs", target="== 0",
-            met=not res["snapshot_diffs"]),
-        Row(bench="soak", name="time per KV re-init cycle", value=round(
-            res["seconds_per_cycle"] * 1e3, 3), unit="ms",
-            detail=f"trace records per cycle {res['trace_records_per_cycle']:g}"),
+            f"peak 2nd vs 1st half {res['rss_peak_growth_pct']:+.2f}% (plateau: glibc's "
+            f"dynamic mmap threshold keeps freed KV buffers in the heap)",
+        ),
+        Row(
+            bench="soak",
+            name="final runner snapshot vs a clean run",
+            value=len(res["snapshot_diffs"]),
+            unit="diffs",
+            target="== 0",
+            met=not res["snapshot_diffs"],
+        ),
+        Row(
+            bench="soak",
+            name="time per KV re-init cycle",
+            value=round(res["seconds_per_cycle"] * 1e3, 3),
+            unit="ms",
+            detail=f"trace records per cycle {res['trace_records_per_cycle']:g}",
+        ),
     ]
 
 
@@ -209,13 +257,20 @@ def run(smoke: bool = False) -> list[Row]:
     """500 cycles (smoke: 20) in a fresh subprocess; returns the rows."""
     cycles = 20 if smoke else 500
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.soak", "--cycles", str(cycles)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.soak", "--cycles", str(cycles)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     lines = [x for x in proc.stdout.splitlines() if x.startswith("SOAK ")]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"soak subprocess failed (exit {proc.returncode}): "
-                           f"{proc.stderr[-2000:]}")
-    return rows(json.loads(lines[-1][len("SOAK "):]))
+        raise RuntimeError(
+            f"soak subprocess failed (exit {proc.returncode}): {proc.stderr[-2000:]}"
+        )
+    return rows(json.loads(lines[-1][len("SOAK ") :]))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,8 +33,11 @@ def summary(buffers: dict) -> dict:
     return {"total_bytes": sum(buffers.values()), "largest": max(buffers, key=buffers.get)}
 
 
-PIPELINE = Pipeline([summary, buffers, layer_specs], start_inputs=("block_size",),
-                    kv_inputs={"kv_cache_config": REQUIRED, "is_profiling": False})
+PIPELINE = Pipeline(
+    [summary, buffers, layer_specs],
+    start_inputs=("block_size",),
+    kv_inputs={"kv_cache_config": REQUIRED, "is_profiling": False},
+)
 
 
 def main() -> None:
@@ -48,8 +51,10 @@ def main() -> None:
     run.close()
     print("freed:", FREED)
     for e in run.trace.events:
-        print(f"  {e.kind:8} {e.phase:16} gen={e.generation} {e.name:12} "
-              f"{e.duration * 1e6:8.1f} us {e.outcome}")
+        print(
+            f"  {e.kind:8} {e.phase:16} gen={e.generation} {e.name:12} "
+            f"{e.duration * 1e6:8.1f} us {e.outcome}"
+        )
     print("critical path:", " -> ".join(n for n, _ in run.critical_path()))
 
 

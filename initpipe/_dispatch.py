@@ -81,21 +81,30 @@ class Failed(Exception):
 
 def _unpack(step: Step, out: Any) -> Mapping[str, Any]:
     if not isinstance(out, Mapping):
-        msg = (f"stage {step.spec.qualname} provides {step.provides} and must return a mapping "
-               f"with exactly those keys, not {type(out).__name__}.")
+        msg = (
+            f"stage {step.spec.qualname} provides {step.provides} and must return a mapping "
+            f"with exactly those keys, not {type(out).__name__}."
+        )
         raise StageOutputError(step.spec.qualname, msg)
     if out.keys() != set(step.provides):
         missing = [k for k in step.provides if k not in out]
         extra = sorted(str(k) for k in out if k not in step.provides)
-        msg = (f"stage {step.spec.qualname} must return exactly {list(step.provides)}; "
-               f"missing {missing}, unexpected {extra}.")
+        msg = (
+            f"stage {step.spec.qualname} must return exactly {list(step.provides)}; "
+            f"missing {missing}, unexpected {extra}."
+        )
         raise StageOutputError(step.spec.qualname, msg, missing, extra)
     return out
 
 
-def run_steps(steps: tuple[Step, ...], values: dict[str, Any], done: list[Completed],
-              records: MutableSequence[Record], generation: int,
-              notify: Callable[[], None] | None) -> None:
+def run_steps(
+    steps: tuple[Step, ...],
+    values: dict[str, Any],
+    done: list[Completed],
+    records: MutableSequence[Record],
+    generation: int,
+    notify: Callable[[], None] | None,
+) -> None:
     """Run ``steps`` in order.
 
     Each completed step is appended to ``done`` (a :class:`Completed`) so the caller can
@@ -120,8 +129,18 @@ def run_steps(steps: tuple[Step, ...], values: dict[str, Any], done: list[Comple
                 values[key] = out
         except BaseException as err:
             t1 = clock()
-            append(Record(step.name, step.phase, "stage", t0, t1 - t0, "error", generation,
-                          f"{type(err).__name__}: {err}"))
+            append(
+                Record(
+                    step.name,
+                    step.phase,
+                    "stage",
+                    t0,
+                    t1 - t0,
+                    "error",
+                    generation,
+                    f"{type(err).__name__}: {err}",
+                )
+            )
             if notify is not None:
                 notify()
             raise Failed(step, err) from err

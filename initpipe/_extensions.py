@@ -26,8 +26,15 @@ from .errors import ExtensionError, InitpipeError
 if TYPE_CHECKING:
     from importlib import metadata
 
-__all__ = ["ENTRY_POINT_GROUP", "ENV_VAR", "Extension", "apply_extensions", "available",
-           "enabled_names", "load_extension"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "ENV_VAR",
+    "Extension",
+    "apply_extensions",
+    "available",
+    "enabled_names",
+    "load_extension",
+]
 
 ENTRY_POINT_GROUP = "initpipe.stages"
 ENV_VAR = "INITPIPE_EXTENSIONS"
@@ -40,8 +47,14 @@ class Extensible(Protocol):
     @property
     def specs(self) -> Mapping[str, StageSpec]: ...
     def replace(self, name: str, new: Any, *, package: str | None = None) -> Self: ...
-    def add(self, new: Any, *, after: str | Iterable[str] = (),
-            before: str | Iterable[str] = (), package: str | None = None) -> Self: ...
+    def add(
+        self,
+        new: Any,
+        *,
+        after: str | Iterable[str] = (),
+        before: str | Iterable[str] = (),
+        package: str | None = None,
+    ) -> Self: ...
 
 
 P = TypeVar("P", bound=Extensible)
@@ -90,8 +103,10 @@ def load_extension(name: str, eps: Mapping[str, metadata.EntryPoint] | None = No
     ep = eps.get(name)
     if ep is None:
         have = ", ".join(sorted(eps)) or "none installed"
-        msg = (f"extension {name!r} is not installed (entry-point group {ENTRY_POINT_GROUP!r}; "
-               f"installed: {have}). Check {ENV_VAR} or install the package.")
+        msg = (
+            f"extension {name!r} is not installed (entry-point group {ENTRY_POINT_GROUP!r}; "
+            f"installed: {have}). Check {ENV_VAR} or install the package."
+        )
         raise ExtensionError(msg, extension=name, package=None)
     package = ep.dist.name if ep.dist is not None else ep.value.split(":")[0]
     try:
@@ -103,8 +118,10 @@ def load_extension(name: str, eps: Mapping[str, metadata.EntryPoint] | None = No
         return attrs.evolve(obj, name=name, package=package)
     if get_spec(obj) is not None:
         return Extension(name=name, add=(obj,), package=package)
-    msg = (f"extension {name!r} from package {package!r} points at {ep.value}, which is "
-           f"neither an initpipe.Extension nor a @stage function.")
+    msg = (
+        f"extension {name!r} from package {package!r} points at {ep.value}, which is "
+        f"neither an initpipe.Extension nor a @stage function."
+    )
     raise ExtensionError(msg, extension=name, package=package)
 
 
@@ -130,7 +147,10 @@ def apply_extensions(pipeline: P, extensions: Iterable[Extension]) -> P:
                     pipeline = pipeline.add(new, package=ext.package or ext.name)
         except InitpipeError as err:
             problems = getattr(err, "problems", (err,))
-            raise ExtensionError(f"{who} cannot be applied: {err}", extension=ext.name,
-                                 package=ext.package, problems=problems) from err
+            raise ExtensionError(
+                f"{who} cannot be applied: {err}",
+                extension=ext.name,
+                package=ext.package,
+                problems=problems,
+            ) from err
     return pipeline
-

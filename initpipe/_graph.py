@@ -77,8 +77,9 @@ def _validate_names(specs: list[StageSpec]) -> tuple[dict[str, StageSpec], list[
     return by_name, problems
 
 
-def _validate_producers(by_name: Mapping[str, StageSpec], inputs: Mapping[str, Mapping[str, Any]]
-                        ) -> tuple[dict[str, str], list[GraphProblem]]:
+def _validate_producers(
+    by_name: Mapping[str, StageSpec], inputs: Mapping[str, Mapping[str, Any]]
+) -> tuple[dict[str, str], list[GraphProblem]]:
     producer: dict[str, str] = {}
     problems: list[GraphProblem] = []
     for phase, keys in inputs.items():
@@ -98,8 +99,9 @@ def _validate_producers(by_name: Mapping[str, StageSpec], inputs: Mapping[str, M
     return producer, problems
 
 
-def _validate_missing(by_name: Mapping[str, StageSpec], producer: Mapping[str, str]
-                      ) -> list[GraphProblem]:
+def _validate_missing(
+    by_name: Mapping[str, StageSpec], producer: Mapping[str, str]
+) -> list[GraphProblem]:
     consumers: dict[str, list[str]] = {}
     for s in by_name.values():
         for k in s.inputs:
@@ -165,8 +167,11 @@ def _validate_cycles(g: nx.DiGraph) -> list[GraphProblem]:
     problems: list[GraphProblem] = []
     # One report per strongly connected component, each an ordered cycle from find_cycle;
     # components are visited by their smallest name so the report is deterministic.
-    comps = [c for c in nx.strongly_connected_components(g)
-             if len(c) > 1 or any(g.has_edge(n, n) for n in c)]
+    comps = [
+        c
+        for c in nx.strongly_connected_components(g)
+        if len(c) > 1 or any(g.has_edge(n, n) for n in c)
+    ]
     for comp in sorted(comps, key=min):
         sub = g.subgraph(comp)
         edges = nx.find_cycle(sub, source=min(comp))
@@ -176,8 +181,9 @@ def _validate_cycles(g: nx.DiGraph) -> list[GraphProblem]:
     return problems
 
 
-def _validate_phases(g: nx.DiGraph, by_name: Mapping[str, StageSpec],
-                     kv_inputs: Iterable[str]) -> list[GraphProblem]:
+def _validate_phases(
+    g: nx.DiGraph, by_name: Mapping[str, StageSpec], kv_inputs: Iterable[str]
+) -> list[GraphProblem]:
     # Multi-source BFS from everything of the KV phase (its stages and its inputs), keeping
     # parents, so each model stage reached gets one concrete path to report.
     kv_inputs = set(kv_inputs)
@@ -215,12 +221,14 @@ def _validate_phases(g: nx.DiGraph, by_name: Mapping[str, StageSpec],
 
 def order_graph(g: nx.DiGraph) -> list[str]:
     """Topological order, model phase first, ties broken by name (hash-seed independent)."""
-    return list(nx.lexicographical_topological_sort(
-        g, key=lambda n: (_RANK[g.nodes[n]["spec"].needs], n)))
+    return list(
+        nx.lexicographical_topological_sort(g, key=lambda n: (_RANK[g.nodes[n]["spec"].needs], n))
+    )
 
 
-def validate(specs: list[StageSpec], inputs: Mapping[str, Mapping[str, Any]]
-             ) -> tuple[dict[str, StageSpec], dict[str, str], nx.DiGraph, list[GraphProblem]]:
+def validate(
+    specs: list[StageSpec], inputs: Mapping[str, Mapping[str, Any]]
+) -> tuple[dict[str, StageSpec], dict[str, str], nx.DiGraph, list[GraphProblem]]:
     """Run every validation rule; return (stages by name, producers, graph, problems)."""
     by_name, problems = _validate_names(specs)
     producer, dup = _validate_producers(by_name, inputs)
@@ -233,5 +241,14 @@ def validate(specs: list[StageSpec], inputs: Mapping[str, Mapping[str, Any]]
     return by_name, producer, g, problems
 
 
-__all__ = ["PHASES", "REQUIRED", "START", "build_graph", "collect_specs",
-           "edge_label", "normalize_inputs", "order_graph", "validate"]
+__all__ = [
+    "PHASES",
+    "REQUIRED",
+    "START",
+    "build_graph",
+    "collect_specs",
+    "edge_label",
+    "normalize_inputs",
+    "order_graph",
+    "validate",
+]

@@ -45,14 +45,24 @@ class Pipeline:
         PipelineValidationError: listing every problem found (``.problems``).
     """
 
-    def __init__(self, stages: Iterable[Any], *, start_inputs: InputDecl = (),
-                 model_inputs: InputDecl = ("model",),
-                 kv_inputs: InputDecl = ("kv_cache_config",), name: str = "pipeline") -> None:
+    def __init__(
+        self,
+        stages: Iterable[Any],
+        *,
+        start_inputs: InputDecl = (),
+        model_inputs: InputDecl = ("model",),
+        kv_inputs: InputDecl = ("kv_cache_config",),
+        name: str = "pipeline",
+    ) -> None:
         self._name = name
-        inputs = {START: normalize_inputs(start_inputs), MODEL: normalize_inputs(model_inputs),
-                  KV: normalize_inputs(kv_inputs)}
+        inputs = {
+            START: normalize_inputs(start_inputs),
+            MODEL: normalize_inputs(model_inputs),
+            KV: normalize_inputs(kv_inputs),
+        }
         self._inputs: Mapping[str, Mapping[str, Any]] = MappingProxyType(
-            {phase: MappingProxyType(declared) for phase, declared in inputs.items()})
+            {phase: MappingProxyType(declared) for phase, declared in inputs.items()}
+        )
         specs, problems = collect_specs(stages)
         by_name, producers, graph, more = validate(specs, inputs)
         problems += more
@@ -61,13 +71,18 @@ class Pipeline:
         self._graph: nx.DiGraph = nx.freeze(graph)
         self._order: tuple[str, ...] = tuple(order_graph(graph))
         self._specs: Mapping[str, StageSpec] = MappingProxyType(
-            {n: by_name[n] for n in self._order})
+            {n: by_name[n] for n in self._order}
+        )
         self._producers: Mapping[str, str] = MappingProxyType(
-            {k: v for k, v in producers.items() if not v.startswith("input:")})
+            {k: v for k, v in producers.items() if not v.startswith("input:")}
+        )
         # Dispatch-ready steps per phase, prepared once (runs share them; they are immutable).
-        self._steps: Mapping[str, tuple[Step, ...]] = MappingProxyType({
-            phase: tuple(Step(self._specs[n]) for n in self.phase_order(phase))
-            for phase in PHASES})
+        self._steps: Mapping[str, tuple[Step, ...]] = MappingProxyType(
+            {
+                phase: tuple(Step(self._specs[n]) for n in self.phase_order(phase))
+                for phase in PHASES
+            }
+        )
 
     # -- read-only state -----------------------------------------------------------------
     @property
@@ -126,15 +141,24 @@ class Pipeline:
         stages = [v for v in vars(mod).values() if get_spec(v) is not None]
         declared = getattr(mod, "INITPIPE_INPUTS", None)
         if declared and not any(k.endswith("_inputs") for k in kwargs):
-            kwargs.update({"start_inputs": declared.get(START, ()),
-                           "model_inputs": declared.get(MODEL, ("model",)),
-                           "kv_inputs": declared.get(KV, ("kv_cache_config",))})
+            kwargs.update(
+                {
+                    "start_inputs": declared.get(START, ()),
+                    "model_inputs": declared.get(MODEL, ("model",)),
+                    "kv_inputs": declared.get(KV, ("kv_cache_config",)),
+                }
+            )
         kwargs.setdefault("name", mod.__name__)
         return cls(stages, **kwargs)
 
     def _rebuild(self, stages: Iterable[Any]) -> Pipeline:
-        return Pipeline(stages, start_inputs=self.inputs[START], model_inputs=self.inputs[MODEL],
-                        kv_inputs=self.inputs[KV], name=self.name)
+        return Pipeline(
+            stages,
+            start_inputs=self.inputs[START],
+            model_inputs=self.inputs[MODEL],
+            kv_inputs=self.inputs[KV],
+            name=self.name,
+        )
 
     def replace(self, name: str, new: Any, *, package: str | None = None) -> Pipeline:
         """Return a new pipeline where stage ``name`` is replaced by ``new``.
@@ -150,15 +174,23 @@ class Pipeline:
         old = self.stage(name)
         spec = _as_spec(new, package)
         if set(spec.provides) != set(old.provides) or spec.needs != old.needs:
-            msg = (f"replacement {spec.qualname} for stage {name!r} must provide "
-                   f"{list(old.provides)} in phase {old.needs!r}; it provides "
-                   f"{list(spec.provides)} in phase {spec.needs!r}.")
+            msg = (
+                f"replacement {spec.qualname} for stage {name!r} must provide "
+                f"{list(old.provides)} in phase {old.needs!r}; it provides "
+                f"{list(spec.provides)} in phase {spec.needs!r}."
+            )
             raise StageDeclarationError(msg, stage=spec.qualname, field="provides")
         spec = _evolve(spec, name=name, package=package)
         return self._rebuild([spec if n == name else s for n, s in self.specs.items()])
 
-    def add(self, new: Any, *, after: str | Iterable[str] = (), before: str | Iterable[str] = (),
-            package: str | None = None) -> Pipeline:
+    def add(
+        self,
+        new: Any,
+        *,
+        after: str | Iterable[str] = (),
+        before: str | Iterable[str] = (),
+        package: str | None = None,
+    ) -> Pipeline:
         """Return a new pipeline with stage ``new`` added (plus optional ordering edges).
 
         Raises:
@@ -168,8 +200,9 @@ class Pipeline:
         spec = _as_spec(new, package)
         extra_after = (after,) if isinstance(after, str) else tuple(after)
         extra_before = (before,) if isinstance(before, str) else tuple(before)
-        spec = _evolve(spec, after=spec.after + extra_after, before=spec.before + extra_before,
-                       package=package)
+        spec = _evolve(
+            spec, after=spec.after + extra_after, before=spec.before + extra_before, package=package
+        )
         return self._rebuild([*self.specs.values(), spec])
 
     def with_extensions(self, names: Iterable[str] | str | None = None) -> Pipeline:
@@ -188,7 +221,13 @@ class Pipeline:
         if not wanted:
             return self
         eps = available()
-        chosen = sorted(eps) if wanted == "all" else [wanted] if isinstance(wanted, str) else list(wanted)
+        chosen = (
+            sorted(eps)
+            if wanted == "all"
+            else [wanted]
+            if isinstance(wanted, str)
+            else list(wanted)
+        )
         return apply_extensions(self, [load_extension(n, eps) for n in chosen])
 
     # -- inspection ----------------------------------------------------------------------
@@ -224,8 +263,9 @@ class Pipeline:
         return f"<Pipeline {self.name!r} {len(self)} stages ({counts})>"
 
     # -- running -------------------------------------------------------------------------
-    def start(self, *, listeners: Sequence[Listener] = (), trace: Trace | None = None,
-              **inputs: Any) -> Run:
+    def start(
+        self, *, listeners: Sequence[Listener] = (), trace: Trace | None = None, **inputs: Any
+    ) -> Run:
         """Begin a run with the start-phase inputs.
 
         Args:
@@ -247,7 +287,9 @@ def _as_spec(obj: Any, package: str | None) -> StageSpec:
         who = f" (from package {package!r})" if package else ""
         raise StageDeclarationError(
             f"{obj!r}{who} is not a stage: decorate it with @stage(needs=...).",
-            stage=repr(obj), field="func")
+            stage=repr(obj),
+            field="func",
+        )
     return spec
 
 

@@ -58,8 +58,9 @@ class PipelineLike(Protocol):
     def phase_order(self, phase: str) -> list[str]: ...
 
 
-def bind_inputs(phase: str, call: str, declared: Mapping[str, Any],
-                given: Mapping[str, Any]) -> dict[str, Any]:
+def bind_inputs(
+    phase: str, call: str, declared: Mapping[str, Any], given: Mapping[str, Any]
+) -> dict[str, Any]:
     """Check ``given`` against a phase's declared inputs and fill defaults."""
     if given.keys() == declared.keys():  # the common case, kept cheap for the hot path
         return dict(given)
@@ -108,8 +109,13 @@ class Run:
         kv_generation: how many times the KV phase has completed or been attempted.
     """
 
-    def __init__(self, pipeline: PipelineLike, start_values: dict[str, Any],
-                 listeners: tuple[Listener, ...] = (), trace: Trace | None = None) -> None:
+    def __init__(
+        self,
+        pipeline: PipelineLike,
+        start_values: dict[str, Any],
+        listeners: tuple[Listener, ...] = (),
+        trace: Trace | None = None,
+    ) -> None:
         self.pipeline = pipeline
         self.trace = Trace() if trace is None else trace
         self.outputs = Outputs(self)
@@ -169,16 +175,19 @@ class Run:
         with self._lock:
             self._check_open("load()")
             if self.state == "loaded":
-                msg = ("load() was already called on this run; model-phase outputs are "
-                       "reused. Call close() and pipeline.start() for a new run.")
+                msg = (
+                    "load() was already called on this run; model-phase outputs are "
+                    "reused. Call close() and pipeline.start() for a new run."
+                )
                 raise PhaseOrderError(msg)
             values = bind_inputs(MODEL, "load()", self.pipeline.inputs[MODEL], inputs)
             self._run_phase(MODEL, values, 0)
             self.state = "loaded"
             return self.outputs
 
-    def initialize_kv_cache(self, kv_cache_config: Any = REQUIRED, /,
-                            **inputs: Any) -> Mapping[str, Any]:
+    def initialize_kv_cache(
+        self, kv_cache_config: Any = REQUIRED, /, **inputs: Any
+    ) -> Mapping[str, Any]:
         """Run every "needs kv_cache_config" stage, tearing down a previous KV phase first.
 
         Args:
@@ -198,12 +207,19 @@ class Run:
         with self._lock:
             self._check_open("initialize_kv_cache()")
             if self.state != "loaded":
-                raise PhaseOrderError("load() must be called before initialize_kv_cache(): "
-                                      "the KV phase reads model-phase outputs.")
+                raise PhaseOrderError(
+                    "load() must be called before initialize_kv_cache(): "
+                    "the KV phase reads model-phase outputs."
+                )
             if kv_cache_config is not REQUIRED:
                 if "kv_cache_config" in inputs:
-                    raise InputsError(KV, "initialize_kv_cache()", [], ["kv_cache_config"],
-                                      list(self.pipeline.inputs[KV]))
+                    raise InputsError(
+                        KV,
+                        "initialize_kv_cache()",
+                        [],
+                        ["kv_cache_config"],
+                        list(self.pipeline.inputs[KV]),
+                    )
                 inputs["kv_cache_config"] = kv_cache_config
             values = bind_inputs(KV, "initialize_kv_cache()", self.pipeline.inputs[KV], inputs)
             self._teardown_phase(KV)
@@ -248,8 +264,9 @@ class Run:
     # -- internals -----------------------------------------------------------------------
     def _check_open(self, call: str) -> None:
         if self.state == "closed":
-            raise PhaseOrderError(f"{call} called on a closed run; call pipeline.start() "
-                                  f"for a new one.")
+            raise PhaseOrderError(
+                f"{call} called on a closed run; call pipeline.start() for a new one."
+            )
 
     def _listener(self) -> Callable[[], None] | None:
         """A callback handing the latest trace event to every listener (None: none)."""
@@ -269,8 +286,14 @@ class Run:
         self._phase_inputs[phase] = tuple(values)
         done = self._done[phase]
         try:
-            run_steps(self._steps[phase], self._values, done, self.trace.records, generation,
-                      self._listener())
+            run_steps(
+                self._steps[phase],
+                self._values,
+                done,
+                self.trace.records,
+                generation,
+                self._listener(),
+            )
         except Failed as failed:
             completed = [c.step.name for c in done]
             rolled: list[str]
@@ -282,8 +305,9 @@ class Run:
             if not isinstance(failed.error, Exception):
                 raise failed.error from None  # KeyboardInterrupt etc.: rolled back, re-raised
             spec = failed.step.spec
-            raise StageError(spec.name, spec.qualname, phase, completed, rolled, failed.error,
-                             td_err) from failed.error
+            raise StageError(
+                spec.name, spec.qualname, phase, completed, rolled, failed.error, td_err
+            ) from failed.error
 
     def _teardown_phase(self, phase: str) -> list[str]:
         done = self._done[phase]
@@ -304,8 +328,16 @@ class Run:
                     failures.append((spec.name, err))
                     outcome, err_s = "error", f"{type(err).__name__}: {err}"
                 t1 = perf_counter()
-                self.trace.record(spec.name, phase, TEARDOWN, t0, t1, outcome,
-                                  self.kv_generation if phase == KV else 0, err_s)
+                self.trace.record(
+                    spec.name,
+                    phase,
+                    TEARDOWN,
+                    t0,
+                    t1,
+                    outcome,
+                    self.kv_generation if phase == KV else 0,
+                    err_s,
+                )
                 if listener is not None:
                     listener()
             for k in spec.provides:
@@ -324,15 +356,18 @@ class Run:
             spec = p.specs[p.producers_by_stage[key]]
             call = "run.load(...)" if spec.needs == MODEL else "run.initialize_kv_cache(...)"
             if self.state == "closed":
-                return (f"output {key!r} of stage {spec.name!r} was torn down: the run is "
-                        f"closed. Start a new run with pipeline.start().")
-            return (f"output {key!r} of stage {spec.name!r} ({spec.needs} phase) is not "
-                    f"available: the phase has not run, failed, or was torn down. "
-                    f"Call {call} first.")
+                return (
+                    f"output {key!r} of stage {spec.name!r} was torn down: the run is "
+                    f"closed. Start a new run with pipeline.start()."
+                )
+            return (
+                f"output {key!r} of stage {spec.name!r} ({spec.needs} phase) is not "
+                f"available: the phase has not run, failed, or was torn down. "
+                f"Call {call} first."
+            )
         for phase, keys in p.inputs.items():
             if key in keys:
                 return f"{key!r} is an input of the {phase!r} phase, not a stage output."
         close = difflib.get_close_matches(key, list(p.producers_by_stage), n=3)
         hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
         return f"no stage provides {key!r}.{hint}"
-

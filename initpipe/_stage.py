@@ -89,8 +89,9 @@ def _fail(func: Any, field: str, msg: str) -> StageDeclarationError:
     return StageDeclarationError(f"stage {who}: {msg}", stage=who, field=field)
 
 
-def _plain_parameters(func: Callable[..., Any], field: str, owner: Any,
-                      kwonly: list[str] | None = None) -> list[str]:
+def _plain_parameters(
+    func: Callable[..., Any], field: str, owner: Any, kwonly: list[str] | None = None
+) -> list[str]:
     try:
         params = inspect.signature(func).parameters.values()
     except (TypeError, ValueError) as err:
@@ -98,46 +99,79 @@ def _plain_parameters(func: Callable[..., Any], field: str, owner: Any,
     names = []
     for p in params:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            raise _fail(owner, field, f"parameter {p.name!r} is *args/**kwargs; a stage's "
-                                      f"inputs must be named parameters.")
+            raise _fail(
+                owner,
+                field,
+                f"parameter {p.name!r} is *args/**kwargs; a stage's "
+                f"inputs must be named parameters.",
+            )
         if p.kind is p.POSITIONAL_ONLY:
-            raise _fail(owner, field, f"parameter {p.name!r} is positional-only; inputs are "
-                                      f"passed by name.")
+            raise _fail(
+                owner, field, f"parameter {p.name!r} is positional-only; inputs are passed by name."
+            )
         if p.kind is p.KEYWORD_ONLY and kwonly is not None:
             kwonly.append(p.name)
         names.append(p.name)
     return names
 
 
-def _check_teardown(func: Callable[..., Any], teardown: Any, inputs: tuple[str, ...]) -> tuple[str, ...]:
+def _check_teardown(
+    func: Callable[..., Any], teardown: Any, inputs: tuple[str, ...]
+) -> tuple[str, ...]:
     if not callable(teardown):
-        raise _fail(func, "teardown", f"teardown={teardown!r} is not callable; pass a function "
-                                      f"taking the stage's output first.")
+        raise _fail(
+            func,
+            "teardown",
+            f"teardown={teardown!r} is not callable; pass a function "
+            f"taking the stage's output first.",
+        )
     names = _plain_parameters(teardown, "teardown", func)
     if not names:
-        raise _fail(func, "teardown", f"teardown {qualname_of(teardown)} takes no parameter; "
-                                      f"its first parameter receives the stage's output.")
+        raise _fail(
+            func,
+            "teardown",
+            f"teardown {qualname_of(teardown)} takes no parameter; "
+            f"its first parameter receives the stage's output.",
+        )
     extra = [n for n in names[1:] if n not in inputs]
     if extra:
-        raise _fail(func, "teardown", f"teardown {qualname_of(teardown)} names "
-                                      f"{', '.join(map(repr, extra))}, which are not inputs of "
-                                      f"the stage (inputs: {', '.join(inputs) or 'none'}).")
+        raise _fail(
+            func,
+            "teardown",
+            f"teardown {qualname_of(teardown)} names "
+            f"{', '.join(map(repr, extra))}, which are not inputs of "
+            f"the stage (inputs: {', '.join(inputs) or 'none'}).",
+        )
     return tuple(names[1:])
 
 
-def make_spec(func: Any, *, needs: Any, provides: str | Iterable[str] | None = None,
-              name: str | None = None, teardown: Any = None, effects: Iterable[str] = (),
-              after: str | Iterable[str] = (), before: str | Iterable[str] = (),
-              package: str | None = None) -> StageSpec:
+def make_spec(
+    func: Any,
+    *,
+    needs: Any,
+    provides: str | Iterable[str] | None = None,
+    name: str | None = None,
+    teardown: Any = None,
+    effects: Iterable[str] = (),
+    after: str | Iterable[str] = (),
+    before: str | Iterable[str] = (),
+    package: str | None = None,
+) -> StageSpec:
     """Build a StageSpec for ``func`` and check the declaration; see :func:`stage`."""
     if not callable(func) or isinstance(func, type):
         raise _fail(func, "func", "a stage must be a plain function (not a class or value).")
     if needs not in PHASES:
-        raise _fail(func, "needs", f"needs={needs!r} is unknown; use needs='model' or "
-                                   f"needs='kv_cache_config'.")
+        raise _fail(
+            func,
+            "needs",
+            f"needs={needs!r} is unknown; use needs='model' or needs='kv_cache_config'.",
+        )
     if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
-        raise _fail(func, "func", "generator functions are not supported; return the outputs "
-                                  "instead of yielding them.")
+        raise _fail(
+            func,
+            "func",
+            "generator functions are not supported; return the outputs instead of yielding them.",
+        )
     if inspect.iscoroutinefunction(func):
         raise _fail(func, "func", "async functions are not supported; stages run synchronously.")
     kwonly: list[str] = []
@@ -147,45 +181,80 @@ def make_spec(func: Any, *, needs: Any, provides: str | Iterable[str] | None = N
         raise _fail(func, "name", f"name={stage_name!r} is not a valid identifier.")
     outs = (stage_name,) if provides is None else _names(provides)
     if not outs or not all(isinstance(k, str) and k for k in outs):
-        raise _fail(func, "provides", f"provides={provides!r} must be a key or a non-empty "
-                                      f"tuple of keys.")
+        raise _fail(
+            func, "provides", f"provides={provides!r} must be a key or a non-empty tuple of keys."
+        )
     if len(set(outs)) != len(outs):
         raise _fail(func, "provides", f"provides={provides!r} repeats a key.")
     both = sorted(set(outs) & set(inputs))
     if both:
-        raise _fail(func, "provides", f"{', '.join(map(repr, both))} is both an input and an "
-                                      f"output of the stage.")
+        raise _fail(
+            func,
+            "provides",
+            f"{', '.join(map(repr, both))} is both an input and an output of the stage.",
+        )
     t_inputs = _check_teardown(func, teardown, inputs) if teardown is not None else ()
     for field, value in (("effects", effects), ("after", after), ("before", before)):
         vals = _names(value)
         if not all(isinstance(v, str) and v for v in vals):
             raise _fail(func, field, f"{field}={value!r} must be a string or strings.")
     doc = inspect.getdoc(func) or ""
-    return StageSpec(name=stage_name, func=func, needs=needs, inputs=inputs, provides=outs,
-                     teardown=teardown, teardown_inputs=t_inputs, effects=_names(effects),
-                     after=_names(after), before=_names(before),
-                     doc=doc.strip().splitlines()[0] if doc.strip() else "", package=package,
-                     positional=not kwonly)
+    return StageSpec(
+        name=stage_name,
+        func=func,
+        needs=needs,
+        inputs=inputs,
+        provides=outs,
+        teardown=teardown,
+        teardown_inputs=t_inputs,
+        effects=_names(effects),
+        after=_names(after),
+        before=_names(before),
+        doc=doc.strip().splitlines()[0] if doc.strip() else "",
+        package=package,
+        positional=not kwonly,
+    )
 
 
 @overload
-def stage(func: F, *, needs: Phase, provides: str | Iterable[str] | None = None,
-          name: str | None = None, teardown: Callable[..., Any] | None = None,
-          effects: Iterable[str] = (), after: str | Iterable[str] = (),
-          before: str | Iterable[str] = ()) -> F: ...
+def stage(
+    func: F,
+    *,
+    needs: Phase,
+    provides: str | Iterable[str] | None = None,
+    name: str | None = None,
+    teardown: Callable[..., Any] | None = None,
+    effects: Iterable[str] = (),
+    after: str | Iterable[str] = (),
+    before: str | Iterable[str] = (),
+) -> F: ...
 
 
 @overload
-def stage(func: None = None, *, needs: Phase, provides: str | Iterable[str] | None = None,
-          name: str | None = None, teardown: Callable[..., Any] | None = None,
-          effects: Iterable[str] = (), after: str | Iterable[str] = (),
-          before: str | Iterable[str] = ()) -> Callable[[F], F]: ...
+def stage(
+    func: None = None,
+    *,
+    needs: Phase,
+    provides: str | Iterable[str] | None = None,
+    name: str | None = None,
+    teardown: Callable[..., Any] | None = None,
+    effects: Iterable[str] = (),
+    after: str | Iterable[str] = (),
+    before: str | Iterable[str] = (),
+) -> Callable[[F], F]: ...
 
 
-def stage(func: F | None = None, *, needs: Phase, provides: str | Iterable[str] | None = None,
-          name: str | None = None, teardown: Callable[..., Any] | None = None,
-          effects: Iterable[str] = (), after: str | Iterable[str] = (),
-          before: str | Iterable[str] = ()) -> F | Callable[[F], F]:
+def stage(
+    func: F | None = None,
+    *,
+    needs: Phase,
+    provides: str | Iterable[str] | None = None,
+    name: str | None = None,
+    teardown: Callable[..., Any] | None = None,
+    effects: Iterable[str] = (),
+    after: str | Iterable[str] = (),
+    before: str | Iterable[str] = (),
+) -> F | Callable[[F], F]:
     """Mark a plain function as a stage and return it unchanged.
 
     Args:
@@ -207,13 +276,22 @@ def stage(func: F | None = None, *, needs: Phase, provides: str | Iterable[str] 
     """
 
     def mark(fn: F) -> F:
-        spec = make_spec(fn, needs=needs, provides=provides, name=name, teardown=teardown,
-                         effects=effects, after=after, before=before)
+        spec = make_spec(
+            fn,
+            needs=needs,
+            provides=provides,
+            name=name,
+            teardown=teardown,
+            effects=effects,
+            after=after,
+            before=before,
+        )
         try:
             setattr(fn, SPEC_ATTR, spec)
         except (AttributeError, TypeError) as err:
-            raise _fail(fn, "func", "cannot attach a spec to this callable; use a def "
-                                    "function.") from err
+            raise _fail(
+                fn, "func", "cannot attach a spec to this callable; use a def function."
+            ) from err
         return fn
 
     return mark if func is None else mark(func)

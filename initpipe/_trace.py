@@ -94,15 +94,31 @@ class Trace:
         """The raw records, oldest first (the hot loop appends to this deque directly)."""
         return self._records
 
-    def record(self, name: str, phase: str, kind: EventKind, t0: float, t1: float,
-               outcome: Outcome, generation: int = 0, error: str | None = None) -> None:
+    def record(
+        self,
+        name: str,
+        phase: str,
+        kind: EventKind,
+        t0: float,
+        t1: float,
+        outcome: Outcome,
+        generation: int = 0,
+        error: str | None = None,
+    ) -> None:
         """Append one event; ``t0``/``t1`` are ``time.perf_counter()`` values."""
         self._records.append(Record(name, phase, kind, t0, t1 - t0, outcome, generation, error))
 
     def _event(self, r: Record) -> TraceEvent:
-        return TraceEvent(name=r.name, phase=r.phase, kind=r.kind, start=r.start - self.origin,
-                          duration=r.duration, outcome=r.outcome, generation=r.generation,
-                          error=r.error)
+        return TraceEvent(
+            name=r.name,
+            phase=r.phase,
+            kind=r.kind,
+            start=r.start - self.origin,
+            duration=r.duration,
+            outcome=r.outcome,
+            generation=r.generation,
+            error=r.error,
+        )
 
     @property
     def events(self) -> list[TraceEvent]:
@@ -129,23 +145,33 @@ class Trace:
         try:
             yield
         except BaseException as err:
-            self.record(name, phase, SPAN, t0, time.perf_counter(), "error",
-                        error=f"{type(err).__name__}: {err}")
+            self.record(
+                name,
+                phase,
+                SPAN,
+                t0,
+                time.perf_counter(),
+                "error",
+                error=f"{type(err).__name__}: {err}",
+            )
             raise
         self.record(name, phase, SPAN, t0, time.perf_counter(), "ok")
 
     def durations(self) -> dict[str, float]:
         """Latest successful duration of each stage (re-runs overwrite earlier ones)."""
-        return {r.name: r.duration for r in self._records
-                if r.kind == STAGE and r.outcome == "ok"}
+        return {r.name: r.duration for r in self._records if r.kind == STAGE and r.outcome == "ok"}
 
     def to_dict(self, graph: nx.DiGraph | None = None) -> dict[str, Any]:
         """Return ``{"version", "wall_origin", "events", "critical_path"?}`` as plain data."""
-        out: dict[str, Any] = {"version": 1, "wall_origin": self.wall_origin,
-                               "events": [e.to_dict() for e in self.events]}
+        out: dict[str, Any] = {
+            "version": 1,
+            "wall_origin": self.wall_origin,
+            "events": [e.to_dict() for e in self.events],
+        }
         if graph is not None:
             out["critical_path"] = [
-                {"name": n, "duration": d} for n, d in critical_path(graph, self.durations())]
+                {"name": n, "duration": d} for n, d in critical_path(graph, self.durations())
+            ]
         return out
 
     def to_chrome(self) -> dict[str, Any]:
@@ -155,13 +181,26 @@ class Trace:
         events: list[dict[str, Any]] = []
         for e in self.events:
             tid = lanes.setdefault(e.phase, len(lanes) + 1)
-            events.append({"name": e.name if e.kind != TEARDOWN else f"teardown {e.name}",
-                           "cat": f"{e.phase},{e.kind}", "ph": "X", "pid": pid, "tid": tid,
-                           "ts": round(e.start * 1e6, 3), "dur": round(e.duration * 1e6, 3),
-                           "args": {"outcome": e.outcome, "generation": e.generation,
-                                    **({"error": e.error} if e.error else {})}})
-        meta = [{"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
-                 "args": {"name": phase}} for phase, tid in lanes.items()]
+            events.append(
+                {
+                    "name": e.name if e.kind != TEARDOWN else f"teardown {e.name}",
+                    "cat": f"{e.phase},{e.kind}",
+                    "ph": "X",
+                    "pid": pid,
+                    "tid": tid,
+                    "ts": round(e.start * 1e6, 3),
+                    "dur": round(e.duration * 1e6, 3),
+                    "args": {
+                        "outcome": e.outcome,
+                        "generation": e.generation,
+                        **({"error": e.error} if e.error else {}),
+                    },
+                }
+            )
+        meta = [
+            {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": phase}}
+            for phase, tid in lanes.items()
+        ]
         return {"traceEvents": meta + events, "displayTimeUnit": "ms"}
 
     def write_json(self, path: str | os.PathLike[str], graph: nx.DiGraph | None = None) -> Path:
@@ -178,9 +217,18 @@ class Trace:
         t = cls()
         t.wall_origin = data.get("wall_origin", t.wall_origin)
         for e in data["events"]:
-            t._records.append(Record(e["name"], e["phase"], e["kind"], t.origin + e["start"],
-                                     e["duration"], e["outcome"], e.get("generation", 0),
-                                     e.get("error")))
+            t._records.append(
+                Record(
+                    e["name"],
+                    e["phase"],
+                    e["kind"],
+                    t.origin + e["start"],
+                    e["duration"],
+                    e["outcome"],
+                    e.get("generation", 0),
+                    e.get("error"),
+                )
+            )
         return t
 
 
@@ -208,8 +256,12 @@ def critical_path(graph: nx.DiGraph, durations: Mapping[str, float]) -> list[tup
         g.add_edge(src, n, w=durations.get(n, 0.0))
     for a, b in graph.edges:
         g.add_edge(a, b, w=durations.get(b, 0.0))
-    path = nx.dag_longest_path(g, weight="w", default_weight=0.0,
-                               topo_order=[src, *nx.lexicographical_topological_sort(graph)])
+    path = nx.dag_longest_path(
+        g,
+        weight="w",
+        default_weight=0.0,
+        topo_order=[src, *nx.lexicographical_topological_sort(graph)],
+    )
     return [(n, durations.get(n, 0.0)) for n in path if n is not src]
 
 

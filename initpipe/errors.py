@@ -247,8 +247,9 @@ class ExtensionError(InitpipeError, ValueError):
         problems: the core errors it caused (e.g. the graph problems), if any.
     """
 
-    def __init__(self, msg: str, *, extension: str, package: str | None,
-                 problems: Sequence[Exception] = ()) -> None:
+    def __init__(
+        self, msg: str, *, extension: str, package: str | None, problems: Sequence[Exception] = ()
+    ) -> None:
         super().__init__(msg)
         self.extension = extension
         self.package = package
@@ -268,8 +269,14 @@ class InputsError(InitpipeError, TypeError):
         unknown: given names the phase does not declare.
     """
 
-    def __init__(self, phase: str, call: str, missing: Sequence[str], unknown: Sequence[str],
-                 expected: Sequence[str]) -> None:
+    def __init__(
+        self,
+        phase: str,
+        call: str,
+        missing: Sequence[str],
+        unknown: Sequence[str],
+        expected: Sequence[str],
+    ) -> None:
         self.phase = phase
         self.missing = tuple(missing)
         self.unknown = tuple(unknown)
@@ -323,8 +330,9 @@ class StageOutputError(InitpipeError, TypeError):
         missing / unexpected: keys not returned / returned but not declared.
     """
 
-    def __init__(self, stage: str, msg: str, missing: Sequence[str] = (),
-                 unexpected: Sequence[str] = ()) -> None:
+    def __init__(
+        self, stage: str, msg: str, missing: Sequence[str] = (), unexpected: Sequence[str] = ()
+    ) -> None:
         super().__init__(msg)
         self.stage = stage
         self.missing = tuple(missing)
@@ -356,9 +364,16 @@ class StageError(InitpipeError, RuntimeError):
         teardown_error: a TeardownError if rollback itself failed, else None.
     """
 
-    def __init__(self, stage: str, qualname: str, phase: str, completed: Sequence[str],
-                 rolled_back: Sequence[str], cause: BaseException,
-                 teardown_error: TeardownError | None = None) -> None:
+    def __init__(
+        self,
+        stage: str,
+        qualname: str,
+        phase: str,
+        completed: Sequence[str],
+        rolled_back: Sequence[str],
+        cause: BaseException,
+        teardown_error: TeardownError | None = None,
+    ) -> None:
         self.stage = stage
         self.qualname = qualname
         self.phase = phase

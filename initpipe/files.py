@@ -109,7 +109,9 @@ def private_dir(name: str = "initpipe") -> Path:
     elif st.st_mode & 0o077:
         problem = f"is open to other users (mode {stat.S_IMODE(st.st_mode):o})"
     if problem is not None:
-        msg = (f"{folder} {problem}; initpipe keeps private files there. Remove it, or set "
-               f"XDG_RUNTIME_DIR to a folder of your own.")
+        msg = (
+            f"{folder} {problem}; initpipe keeps private files there. Remove it, or set "
+            f"XDG_RUNTIME_DIR to a folder of your own."
+        )
         raise PermissionError(msg)
     return folder

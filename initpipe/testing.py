@@ -30,19 +30,27 @@ from ._run import Run
 from ._trace import TraceEvent
 from .errors import InjectedFault, UnknownStageNameError
 
-__all__ = ["ENV_FAULT", "clear_faults", "fault", "inject_fault", "inject_faults_from_env",
-           "parse_fault_spec"]
+__all__ = [
+    "ENV_FAULT",
+    "clear_faults",
+    "fault",
+    "inject_fault",
+    "inject_faults_from_env",
+    "parse_fault_spec",
+]
 
 #: ``stage[:after]`` entries, comma-separated: faults for runs in processes you cannot call.
 ENV_FAULT = "INITPIPE_INJECT_FAULT"
 
 # The listeners each run got from inject_fault(after=True), so clear_faults removes them.
 _AFTER: weakref.WeakKeyDictionary[Run, list[Callable[[TraceEvent], None]]] = (
-    weakref.WeakKeyDictionary())
+    weakref.WeakKeyDictionary()
+)
 
 
-def inject_fault(run: Run, stage: str, error: BaseException | None = None, *,
-                 after: bool = False) -> None:
+def inject_fault(
+    run: Run, stage: str, error: BaseException | None = None, *, after: bool = False
+) -> None:
     """Make ``stage`` fail in ``run`` on each of its next runs, until :func:`clear_faults`.
 
     Args:
@@ -58,6 +66,7 @@ def inject_fault(run: Run, stage: str, error: BaseException | None = None, *,
     spec = run.pipeline.stage(stage)
     err = error if error is not None else InjectedFault(f"injected fault in {stage!r}")
     if after:
+
         def fail_after(event: TraceEvent) -> None:
             if event.name == stage and event.kind == "stage" and event.outcome == "ok":
                 raise err
@@ -71,8 +80,9 @@ def inject_fault(run: Run, stage: str, error: BaseException | None = None, *,
 
     # The run keeps its own copy of the pipeline's steps: swap this stage's call there.
     phase = spec.needs
-    run._steps[phase] = tuple(step.with_call(fail_before) if step.name == stage else step
-                              for step in run._steps[phase])
+    run._steps[phase] = tuple(
+        step.with_call(fail_before) if step.name == stage else step for step in run._steps[phase]
+    )
 
 
 def clear_faults(run: Run) -> None:
@@ -83,8 +93,9 @@ def clear_faults(run: Run) -> None:
 
 
 @contextlib.contextmanager
-def fault(run: Run, stage: str, error: BaseException | None = None, *,
-          after: bool = False) -> Iterator[Run]:
+def fault(
+    run: Run, stage: str, error: BaseException | None = None, *, after: bool = False
+) -> Iterator[Run]:
     """``with fault(run, "stage"): ...`` — :func:`inject_fault`, cleared on exit."""
     inject_fault(run, stage, error, after=after)
     try:
@@ -105,15 +116,20 @@ def parse_fault_spec(value: str) -> list[tuple[str, bool]]:
         if not name:
             continue
         if mode not in ("", "before", "after"):
-            msg = (f"{ENV_FAULT}={value!r}: {entry.strip()!r} has mode {mode!r}; use "
-                   f"'stage', 'stage:before' or 'stage:after'.")
+            msg = (
+                f"{ENV_FAULT}={value!r}: {entry.strip()!r} has mode {mode!r}; use "
+                f"'stage', 'stage:before' or 'stage:after'."
+            )
             raise ValueError(msg)
         faults.append((name, mode == "after"))
     return faults
 
 
-def inject_faults_from_env(run: Run, environ: Mapping[str, str] | None = None,
-                           make_error: Callable[[str], BaseException] | None = None) -> bool:
+def inject_faults_from_env(
+    run: Run,
+    environ: Mapping[str, str] | None = None,
+    make_error: Callable[[str], BaseException] | None = None,
+) -> bool:
     """Inject the faults ``INITPIPE_INJECT_FAULT`` names into ``run``; True if any.
 
     Stage names the pipeline lacks are an error (a typo would silently test nothing).

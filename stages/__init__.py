@@ -84,8 +84,14 @@ from .model_phase import (
 #: config plus every value vLLM may change between the phases (layout, max_model_len) and
 #: the runner's current input batch, read when ``initialize_kv_cache`` is called.
 INITPIPE_INPUTS: dict[str, Any] = {
-    "start": ("vllm_config", "device", "runner_settings", "cudagraph_dispatcher", "drafter",
-              "jit_warmup_registry"),
+    "start": (
+        "vllm_config",
+        "device",
+        "runner_settings",
+        "cudagraph_dispatcher",
+        "drafter",
+        "jit_warmup_registry",
+    ),
     "model": ("model",),
     "kv_cache_config": {
         "kv_cache_config": REQUIRED,
@@ -99,13 +105,28 @@ INITPIPE_INPUTS: dict[str, Any] = {
 }
 
 STAGES = (
-    attention_layers, shared_kv_cache_layers, kv_cache_spec, encoder_only_layers,
-    kv_sharing_fast_prefill_eligible_layers, runner_only_attn_layers, attn_backends,
+    attention_layers,
+    shared_kv_cache_layers,
+    kv_cache_spec,
+    encoder_only_layers,
+    kv_sharing_fast_prefill_eligible_layers,
+    runner_only_attn_layers,
+    attn_backends,
     attention_cp_compatible,
-    encoder_only_kv_cache_group, runner_kv_cache_config, attention_groups, cudagraph_mode,
-    mamba_ssu_backend, kernel_block_sizes, metadata_builders, reorder_batch_threshold,
-    drafter_attn_groups, reinitialize_input_batch,
-    allocated_kv_caches, kv_caches, runner_kv_caches, extract_hidden_states_check,
+    encoder_only_kv_cache_group,
+    runner_kv_cache_config,
+    attention_groups,
+    cudagraph_mode,
+    mamba_ssu_backend,
+    kernel_block_sizes,
+    metadata_builders,
+    reorder_batch_threshold,
+    drafter_attn_groups,
+    reinitialize_input_batch,
+    allocated_kv_caches,
+    kv_caches,
+    runner_kv_caches,
+    extract_hidden_states_check,
     kv_connector_registration,
 )
 
@@ -117,9 +138,13 @@ def base_catalog() -> Pipeline:
     """The stock vLLM 0.32.0 runner-initialization pipeline, without any extension."""
     global _CATALOG
     if _CATALOG is None:
-        _CATALOG = Pipeline(STAGES, start_inputs=INITPIPE_INPUTS["start"],
-                            model_inputs=INITPIPE_INPUTS["model"],
-                            kv_inputs=INITPIPE_INPUTS["kv_cache_config"], name="initpipe_vllm")
+        _CATALOG = Pipeline(
+            STAGES,
+            start_inputs=INITPIPE_INPUTS["start"],
+            model_inputs=INITPIPE_INPUTS["model"],
+            kv_inputs=INITPIPE_INPUTS["kv_cache_config"],
+            name="initpipe_vllm",
+        )
     return _CATALOG
 
 
@@ -153,6 +178,15 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["INITPIPE_INPUTS", "STAGES", "CatalogError", "InitpipeVllmError",
-           "KVCacheConfigError", "ModelPhaseError", "UnsupportedRunnerError", "base_catalog",
-           "catalog", *(s.__name__ for s in STAGES)]
+__all__ = [
+    "INITPIPE_INPUTS",
+    "STAGES",
+    "CatalogError",
+    "InitpipeVllmError",
+    "KVCacheConfigError",
+    "ModelPhaseError",
+    "UnsupportedRunnerError",
+    "base_catalog",
+    "catalog",
+    *(s.__name__ for s in STAGES),
+]

@@ -21,8 +21,13 @@ from __future__ import annotations
 
 from initpipe.errors import InitpipeError
 
-__all__ = ["CatalogError", "InitpipeVllmError", "KVCacheConfigError", "ModelPhaseError",
-           "UnsupportedRunnerError"]
+__all__ = [
+    "CatalogError",
+    "InitpipeVllmError",
+    "KVCacheConfigError",
+    "ModelPhaseError",
+    "UnsupportedRunnerError",
+]
 
 
 class InitpipeVllmError(InitpipeError):

@@ -49,16 +49,16 @@ if TYPE_CHECKING:
     from vllm.v1.worker.utils import AttentionGroup
 
 __all__ = [
-    "encoder_only_kv_cache_group",
-    "runner_kv_cache_config",
     "attention_groups",
     "cudagraph_mode",
-    "mamba_ssu_backend",
-    "kernel_block_sizes",
-    "metadata_builders",
-    "reorder_batch_threshold",
     "drafter_attn_groups",
+    "encoder_only_kv_cache_group",
+    "kernel_block_sizes",
+    "mamba_ssu_backend",
+    "metadata_builders",
     "reinitialize_input_batch",
+    "reorder_batch_threshold",
+    "runner_kv_cache_config",
 ]
 
 KV = "kv_cache_config"
@@ -76,9 +76,12 @@ def _uses_drafter_backend(vllm_config: VllmConfig) -> bool:
 
 # -- K1 / K2: the runner's working copy of the config ------------------------------------
 @stage(needs=KV)
-def encoder_only_kv_cache_group(vllm_config: VllmConfig, runner_settings: RunnerSettings,
-                                attention_layers: Mapping[str, AttentionLayerBase],
-                                encoder_only_layers: tuple[str, ...]) -> KVCacheGroupSpec | None:
+def encoder_only_kv_cache_group(
+    vllm_config: VllmConfig,
+    runner_settings: RunnerSettings,
+    attention_layers: Mapping[str, AttentionLayerBase],
+    encoder_only_layers: tuple[str, ...],
+) -> KVCacheGroupSpec | None:
     """The KV cache group the runner adds for encoder-only layers (None without them).
 
     Its spec reads ``cache_config.block_size`` now, at KV time, as vLLM does.
@@ -94,74 +97,105 @@ def encoder_only_kv_cache_group(vllm_config: VllmConfig, runner_settings: Runner
     by_spec: dict[Any, list[str]] = {}
     for name in encoder_only_layers:
         layer = attention_layers[name]
-        spec = EncoderOnlyAttentionSpec(block_size=block_size, num_kv_heads=layer.num_kv_heads,
-                                        head_size=layer.head_size,
-                                        dtype=runner_settings.kv_cache_dtype)
+        spec = EncoderOnlyAttentionSpec(
+            block_size=block_size,
+            num_kv_heads=layer.num_kv_heads,
+            head_size=layer.head_size,
+            dtype=runner_settings.kv_cache_dtype,
+        )
         by_spec.setdefault(spec, []).append(name)
     if len(by_spec) != 1:
         firsts = [names[0] for names in by_spec.values()]
-        msg = (f"encoder-only layers need {len(by_spec)} different KV specs (e.g. "
-               f"{firsts[0]!r} vs {firsts[1]!r}); vLLM supports one encoder-only spec.")
+        msg = (
+            f"encoder-only layers need {len(by_spec)} different KV specs (e.g. "
+            f"{firsts[0]!r} vs {firsts[1]!r}); vLLM supports one encoder-only spec."
+        )
         raise KVCacheConfigError(msg, field="kv_cache_groups", layer=firsts[1])
     spec, names = by_spec.popitem()
     return KVCacheGroupSpec(layer_names=names, kv_cache_spec=spec)
 
 
-def _validate_kv_cache_config(cfg: Any, attention_layers: Mapping[str, Any],
-                              shared: Mapping[str, str], runner_added: set[str],
-                              layer_specs: Mapping[str, Any]) -> None:
+def _validate_kv_cache_config(
+    cfg: Any,
+    attention_layers: Mapping[str, Any],
+    shared: Mapping[str, str],
+    runner_added: set[str],
+    layer_specs: Mapping[str, Any],
+) -> None:
     import difflib
 
     from .model_phase import check_sharing_order
 
     for attr in ("num_blocks", "kv_cache_tensors", "kv_cache_groups"):
         if not hasattr(cfg, attr):
-            raise KVCacheConfigError(f"kv_cache_config {type(cfg).__name__} has no {attr!r}; "
-                                     f"pass a vllm KVCacheConfig.", field=attr)
+            raise KVCacheConfigError(
+                f"kv_cache_config {type(cfg).__name__} has no {attr!r}; pass a vllm KVCacheConfig.",
+                field=attr,
+            )
     grouped: dict[str, Any] = {}  # layer -> its spec in the config
     for gid, group in enumerate(cfg.kv_cache_groups):
         for name in group.layer_names:
             if name not in attention_layers:
                 close = difflib.get_close_matches(name, list(attention_layers), n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
-                raise KVCacheConfigError(f"kv_cache_config group {gid} names layer {name!r}, "
-                                         f"which is not an attention layer of the loaded "
-                                         f"model.{hint}", field="kv_cache_groups", layer=name)
+                raise KVCacheConfigError(
+                    f"kv_cache_config group {gid} names layer {name!r}, "
+                    f"which is not an attention layer of the loaded "
+                    f"model.{hint}",
+                    field="kv_cache_groups",
+                    layer=name,
+                )
             if name in shared or name in runner_added:
-                raise KVCacheConfigError(f"kv_cache_config group {gid} already holds runner-only "
-                                         f"layer {name!r}; pass the engine's KVCacheConfig, not a "
-                                         f"runner's working copy.", field="kv_cache_groups",
-                                         layer=name)
+                raise KVCacheConfigError(
+                    f"kv_cache_config group {gid} already holds runner-only "
+                    f"layer {name!r}; pass the engine's KVCacheConfig, not a "
+                    f"runner's working copy.",
+                    field="kv_cache_groups",
+                    layer=name,
+                )
             spec = group.kv_cache_spec
             grouped[name] = getattr(spec, "kv_cache_specs", {}).get(name, spec)
             _check_spec_matches(gid, name, grouped[name], layer_specs.get(name))
     if cfg.kv_cache_groups and cfg.num_blocks < 1:
-        raise KVCacheConfigError(f"kv_cache_config.num_blocks is {cfg.num_blocks}; the KV cache "
-                                 f"needs at least one block.", field="num_blocks")
+        raise KVCacheConfigError(
+            f"kv_cache_config.num_blocks is {cfg.num_blocks}; the KV cache "
+            f"needs at least one block.",
+            field="num_blocks",
+        )
     sizes = {t.size for t in cfg.kv_cache_tensors}
     if len(sizes) > 1:
-        raise KVCacheConfigError(f"kv_cache_config.kv_cache_tensors have sizes {sorted(sizes)}; "
-                                 f"they must share one backing allocation (one size).",
-                                 field="kv_cache_tensors")
+        raise KVCacheConfigError(
+            f"kv_cache_config.kv_cache_tensors have sizes {sorted(sizes)}; "
+            f"they must share one backing allocation (one size).",
+            field="kv_cache_tensors",
+        )
     held: set[str] = set()
     for t in cfg.kv_cache_tensors:
         for index, name in enumerate(t.layers):
             if name not in grouped:
-                raise KVCacheConfigError(f"a KVCacheTensor holds layer {name!r}, which no KV "
-                                         f"cache group names.", field="kv_cache_tensors", layer=name)
+                raise KVCacheConfigError(
+                    f"a KVCacheTensor holds layer {name!r}, which no KV cache group names.",
+                    field="kv_cache_tensors",
+                    layer=name,
+                )
             held.add(name)
             _check_tensor_fits(cfg, t, index, name, grouped[name])
     if cfg.kv_cache_tensors:
         for name in grouped:
             if name not in held:
-                raise KVCacheConfigError(f"layer {name!r} is in a KV cache group but no "
-                                         f"KVCacheTensor holds it, so it would get no KV cache.",
-                                         field="kv_cache_tensors", layer=name)
+                raise KVCacheConfigError(
+                    f"layer {name!r} is in a KV cache group but no "
+                    f"KVCacheTensor holds it, so it would get no KV cache.",
+                    field="kv_cache_tensors",
+                    layer=name,
+                )
     for name, target in shared.items():
         if target not in grouped:
-            raise KVCacheConfigError(f"layer {name!r} shares the KV cache of {target!r}, which no "
-                                     f"KV cache group names.", field="kv_cache_groups",
-                                     layer=target)
+            raise KVCacheConfigError(
+                f"layer {name!r} shares the KV cache of {target!r}, which no KV cache group names.",
+                field="kv_cache_groups",
+                layer=target,
+            )
         check_sharing_order(name, target, _sharing_error)
 
 
@@ -181,7 +215,9 @@ def _check_spec_matches(gid: int, name: str, planned: Any, actual: Any) -> None:
                 f"kv_cache_config group {gid} plans layer {name!r} with {field}={a}, but the "
                 f"loaded model's layer has {field}={b}: the config was planned for another "
                 f"model. Plan it from this runner's get_kv_cache_spec().",
-                field="kv_cache_groups", layer=name)
+                field="kv_cache_groups",
+                layer=name,
+            )
 
 
 def _check_tensor_fits(cfg: Any, tensor: Any, index: int, name: str, spec: Any) -> None:
@@ -190,23 +226,31 @@ def _check_tensor_fits(cfg: Any, tensor: Any, index: int, name: str, spec: Any) 
     if not isinstance(page, int) or getattr(tensor, "block_stride", None) is None:
         return
     num_blocks = cfg.num_blocks_of(tensor) if hasattr(cfg, "num_blocks_of") else cfg.num_blocks
-    end = (getattr(tensor, "offset", 0) + index * tensor.layer_stride
-           + (num_blocks - 1) * tensor.block_stride + page)
+    end = (
+        getattr(tensor, "offset", 0)
+        + index * tensor.layer_stride
+        + (num_blocks - 1) * tensor.block_stride
+        + page
+    )
     if end > tensor.size:
         raise KVCacheConfigError(
             f"layer {name!r} needs {end:,} bytes of its KVCacheTensor ({num_blocks} blocks of "
             f"{page:,} bytes, block_stride {tensor.block_stride:,}, layer_stride "
             f"{tensor.layer_stride:,}) but the tensor has {tensor.size:,}: num_blocks, the "
             f"strides or the group's block size do not match the tensor.",
-            field="kv_cache_tensors", layer=name)
+            field="kv_cache_tensors",
+            layer=name,
+        )
 
 
 @stage(needs=KV)
-def runner_kv_cache_config(kv_cache_config: KVCacheConfig,
-                           attention_layers: Mapping[str, AttentionLayerBase],
-                           shared_kv_cache_layers: Mapping[str, str],
-                           encoder_only_kv_cache_group: KVCacheGroupSpec | None,
-                           kv_cache_spec: Mapping[str, Any] | None = None) -> KVCacheConfig:
+def runner_kv_cache_config(
+    kv_cache_config: KVCacheConfig,
+    attention_layers: Mapping[str, AttentionLayerBase],
+    shared_kv_cache_layers: Mapping[str, str],
+    encoder_only_kv_cache_group: KVCacheGroupSpec | None,
+    kv_cache_spec: Mapping[str, Any] | None = None,
+) -> KVCacheConfig:
     """The runner's working copy of the engine's config, with its own layers added.
 
     A deep copy (the engine and KV connector keep the original), then the encoder-only
@@ -223,10 +267,12 @@ def runner_kv_cache_config(kv_cache_config: KVCacheConfig,
 
     from vllm.v1.worker.utils import add_kv_sharing_layers_to_kv_cache_groups
 
-    runner_added = set(encoder_only_kv_cache_group.layer_names
-                       if encoder_only_kv_cache_group else ())
-    _validate_kv_cache_config(kv_cache_config, attention_layers, shared_kv_cache_layers,
-                              runner_added, kv_cache_spec or {})
+    runner_added = set(
+        encoder_only_kv_cache_group.layer_names if encoder_only_kv_cache_group else ()
+    )
+    _validate_kv_cache_config(
+        kv_cache_config, attention_layers, shared_kv_cache_layers, runner_added, kv_cache_spec or {}
+    )
     cfg = copy.deepcopy(kv_cache_config)
     if encoder_only_kv_cache_group is not None:
         cfg.kv_cache_groups.append(copy.deepcopy(encoder_only_kv_cache_group))
@@ -236,10 +282,11 @@ def runner_kv_cache_config(kv_cache_config: KVCacheConfig,
 
 # -- K3: attention groups and the cudagraph mode ---------------------------------------
 @stage(needs=KV)
-def attention_groups(runner_kv_cache_config: KVCacheConfig,
-                     attention_layers: Mapping[str, AttentionLayerBase],
-                     attn_backends: Mapping[str, type[AttentionBackend]],
-                     ) -> list[list[AttentionGroup]]:
+def attention_groups(
+    runner_kv_cache_config: KVCacheConfig,
+    attention_layers: Mapping[str, AttentionLayerBase],
+    attn_backends: Mapping[str, type[AttentionBackend]],
+) -> list[list[AttentionGroup]]:
     """Attention groups per KV cache group, keyed as vLLM does (no builders yet).
 
     Layers of one KV cache group share an ``AttentionGroup`` when their backend's full
@@ -279,11 +326,20 @@ def _clear_cudagraph_keys(mode: Any, cudagraph_dispatcher: Any, drafter: Any) ->
         dispatcher.keys_initialized = False
 
 
-@stage(needs=KV, teardown=_clear_cudagraph_keys,
-       effects=("compilation_config.cudagraph_mode", "cudagraph_dispatcher keys"))
-def cudagraph_mode(vllm_config: VllmConfig, runner_kv_cache_config: KVCacheConfig,
-                   attention_groups: list[list[AttentionGroup]], runner_settings: RunnerSettings,
-                   is_profiling: bool, cudagraph_dispatcher: Any, drafter: Any) -> Any:
+@stage(
+    needs=KV,
+    teardown=_clear_cudagraph_keys,
+    effects=("compilation_config.cudagraph_mode", "cudagraph_dispatcher keys"),
+)
+def cudagraph_mode(
+    vllm_config: VllmConfig,
+    runner_kv_cache_config: KVCacheConfig,
+    attention_groups: list[list[AttentionGroup]],
+    runner_settings: RunnerSettings,
+    is_profiling: bool,
+    cudagraph_dispatcher: Any,
+    drafter: Any,
+) -> Any:
     """Resolve the cudagraph mode from the backends' support, then set dispatcher keys.
 
     Must precede the metadata builders: FlashAttention and Triton read the resolved mode
@@ -293,21 +349,28 @@ def cudagraph_mode(vllm_config: VllmConfig, runner_kv_cache_config: KVCacheConfi
     from vllm.v1.attention.backend import AttentionCGSupport
 
     min_support, min_backend = AttentionCGSupport.ALWAYS, None
-    for groups, kv_group in zip(attention_groups, runner_kv_cache_config.kv_cache_groups):
+    for groups, kv_group in zip(
+        attention_groups, runner_kv_cache_config.kv_cache_groups, strict=True
+    ):
         for backend in dict.fromkeys(g.backend for g in groups):
-            support = backend.get_builder_cls().get_cudagraph_support(vllm_config,
-                                                                      kv_group.kv_cache_spec)
+            support = backend.get_builder_cls().get_cudagraph_support(
+                vllm_config, kv_group.kv_cache_spec
+            )
             if support.value < min_support.value:
                 min_support, min_backend = support, backend.__name__
     uniform = runner_settings.uniform_decode_query_len
     mode = vllm_config.compilation_config.resolve_cudagraph_mode_and_sizes(
-        min_support, min_backend, uniform, use_v2_model_runner=False,
-        kv_cache_config=runner_kv_cache_config, max_num_reqs=runner_settings.max_num_reqs,
-        is_profiling=is_profiling)
+        min_support,
+        min_backend,
+        uniform,
+        use_v2_model_runner=False,
+        kv_cache_config=runner_kv_cache_config,
+        max_num_reqs=runner_settings.max_num_reqs,
+        is_profiling=is_profiling,
+    )
     cudagraph_dispatcher.initialize_cudagraph_keys(mode, uniform)
     spec = vllm_config.speculative_config
-    if spec and (spec.use_eagle() or spec.uses_draft_model()
-                 or spec.uses_extract_hidden_states()):
+    if spec and (spec.use_eagle() or spec.uses_draft_model() or spec.uses_extract_hidden_states()):
         drafter.initialize_cudagraph_keys(mode)
     return mode
 
@@ -320,8 +383,9 @@ def _restore_ssu(previous: tuple[Any, Any]) -> None:
 
 
 @stage(needs=KV, teardown=_restore_ssu, effects=("mamba ssu_dispatch globals",))
-def mamba_ssu_backend(vllm_config: VllmConfig,
-                      runner_kv_cache_config: KVCacheConfig) -> tuple[Any, Any]:
+def mamba_ssu_backend(
+    vllm_config: VllmConfig, runner_kv_cache_config: KVCacheConfig
+) -> tuple[Any, Any]:
     """Pick the Mamba SSU backend (a module global in vLLM); no-op without Mamba layers.
 
     Returns the previous ``(backend, replayssm kernel)`` globals, which the teardown restores.
@@ -330,14 +394,17 @@ def mamba_ssu_backend(vllm_config: VllmConfig,
 
     previous = (ssu_dispatch._mamba_ssu_backend, ssu_dispatch._flashinfer_replayssm_kernel)
     ssu_dispatch.initialize_mamba_ssu_backend(
-        vllm_config.mamba_config, runner_kv_cache_config,
-        use_replayssm=vllm_config.cache_config.use_replayssm)
+        vllm_config.mamba_config,
+        runner_kv_cache_config,
+        use_replayssm=vllm_config.cache_config.use_replayssm,
+    )
     return previous
 
 
 @stage(needs=KV)
-def kernel_block_sizes(runner_kv_cache_config: KVCacheConfig,
-                       attention_groups: list[list[AttentionGroup]]) -> list[int]:
+def kernel_block_sizes(
+    runner_kv_cache_config: KVCacheConfig, attention_groups: list[list[AttentionGroup]]
+) -> list[int]:
     """Kernel block size per KV cache group (encoder-only groups excluded).
 
     vLLM's ``prepare_kernel_block_sizes``: the manager block size if every backend of the
@@ -357,13 +424,21 @@ def _drop_builders(attn_groups: list[list[AttentionGroup]]) -> None:
             group.kernel_block_table = group.kernel_block_offsets = None
 
 
-@stage(needs=KV, provides="attn_groups", teardown=_drop_builders, after=("mamba_ssu_backend",),
-       effects=("layer.isa (set by CPU_ATTN builders)",))
-def metadata_builders(vllm_config: VllmConfig, device: Any,
-                      runner_kv_cache_config: KVCacheConfig,
-                      attention_groups: list[list[AttentionGroup]],
-                      kernel_block_sizes: list[int], cudagraph_mode: Any,
-                      ) -> list[list[AttentionGroup]]:
+@stage(
+    needs=KV,
+    provides="attn_groups",
+    teardown=_drop_builders,
+    after=("mamba_ssu_backend",),
+    effects=("layer.isa (set by CPU_ATTN builders)",),
+)
+def metadata_builders(
+    vllm_config: VllmConfig,
+    device: Any,
+    runner_kv_cache_config: KVCacheConfig,
+    attention_groups: list[list[AttentionGroup]],
+    kernel_block_sizes: list[int],
+    cudagraph_mode: Any,
+) -> list[list[AttentionGroup]]:
     """Copies of the attention groups with their metadata builders built on ``device``.
 
     ``AttentionGroup.create_metadata_builders`` (vLLM) narrows the kernel block size per
@@ -379,12 +454,15 @@ def metadata_builders(vllm_config: VllmConfig, device: Any,
     for gid, groups in enumerate(attention_groups):
         built = []
         for group in groups:
-            group = dataclasses.replace(group, layer_names=list(group.layer_names),
-                                        metadata_builders=[])
+            group = dataclasses.replace(
+                group, layer_names=list(group.layer_names), metadata_builders=[]
+            )
             group.create_metadata_builders(
-                vllm_config, device,
+                vllm_config,
+                device,
                 kernel_block_sizes[gid] if gid < len(kernel_block_sizes) else None,
-                num_metadata_builders=n_builders)
+                num_metadata_builders=n_builders,
+            )
             built.append(group)
         out.append(built)
     return out
@@ -397,8 +475,9 @@ def reorder_batch_threshold(attn_groups: list[list[AttentionGroup]]) -> int | No
     Read after the builders exist, because some set it in ``__init__`` (vLLM's
     ``calculate_reorder_batch_threshold``).
     """
-    values = [g.get_metadata_builder().reorder_batch_threshold
-              for groups in attn_groups for g in groups]
+    values = [
+        g.get_metadata_builder().reorder_batch_threshold for groups in attn_groups for g in groups
+    ]
     present = [v for v in values if v is not None]
     return min(present) if present else None
 
@@ -408,11 +487,18 @@ def _forget_draft_groups(groups: list[Any], drafter: Any) -> None:
         drafter.draft_attn_groups = []
 
 
-@stage(needs=KV, teardown=_forget_draft_groups, after=("metadata_builders",),
-       effects=("drafter attention groups",))
-def drafter_attn_groups(vllm_config: VllmConfig, drafter: Any,
-                        runner_kv_cache_config: KVCacheConfig,
-                        kernel_block_sizes: list[int]) -> list[Any]:
+@stage(
+    needs=KV,
+    teardown=_forget_draft_groups,
+    after=("metadata_builders",),
+    effects=("drafter attention groups",),
+)
+def drafter_attn_groups(
+    vllm_config: VllmConfig,
+    drafter: Any,
+    runner_kv_cache_config: KVCacheConfig,
+    kernel_block_sizes: list[int],
+) -> list[Any]:
     """Let an EAGLE / draft-model drafter build its attention groups; [] otherwise.
 
     vLLM calls ``drafter.initialize_attn_backend`` at the end of
@@ -426,12 +512,16 @@ def drafter_attn_groups(vllm_config: VllmConfig, drafter: Any,
 
 # -- K7: the input batch -----------------------------------------------------------------
 @stage(needs=KV, provides=("input_batch", "input_batch_geometry"))
-def reinitialize_input_batch(vllm_config: VllmConfig, device: Any,
-                             runner_settings: RunnerSettings,
-                             runner_kv_cache_config: KVCacheConfig, max_model_len: int,
-                             current_input_batch: Any,
-                             current_input_batch_geometry: InputBatchGeometry,
-                             jit_warmup_registry: Any) -> dict[str, Any]:
+def reinitialize_input_batch(
+    vllm_config: VllmConfig,
+    device: Any,
+    runner_settings: RunnerSettings,
+    runner_kv_cache_config: KVCacheConfig,
+    max_model_len: int,
+    current_input_batch: Any,
+    current_input_batch_geometry: InputBatchGeometry,
+    jit_warmup_registry: Any,
+) -> dict[str, Any]:
     """The InputBatch for the final block sizes: the current one if it fits, else a new one.
 
     vLLM's ``may_reinitialize_input_batch``: one block table per non-encoder-only group;
@@ -450,24 +540,38 @@ def reinitialize_input_batch(vllm_config: VllmConfig, device: Any,
         if kind == KVCacheSpecKind.ENCODER_ONLY_ATTENTION:
             continue
         block_sizes.append(spec.block_size)
-        modes.append(SlotMappingMode.NONE if kind == KVCacheSpecKind.MAMBA
-                     else SlotMappingMode.TOKEN_TO_KV_SLOT)
+        modes.append(
+            SlotMappingMode.NONE
+            if kind == KVCacheSpecKind.MAMBA
+            else SlotMappingMode.TOKEN_TO_KV_SLOT
+        )
         max_blocks.append(spec.max_num_blocks_per_req(vllm_config, max_len))
     interleave = vllm_config.parallel_config.cp_kv_cache_interleave_size
-    geometry = InputBatchGeometry(block_sizes=block_sizes, max_num_blocks=max_blocks,
-                                  slot_mapping_modes=modes, cp_kv_cache_interleave_size=interleave)
+    geometry = InputBatchGeometry(
+        block_sizes=block_sizes,
+        max_num_blocks=max_blocks,
+        slot_mapping_modes=modes,
+        cp_kv_cache_interleave_size=interleave,
+    )
     if geometry == current_input_batch_geometry:
         return {"input_batch": current_input_batch, "input_batch_geometry": geometry}
     s = runner_settings
     with _jit(jit_warmup_registry):
         batch = InputBatch(
-            max_num_reqs=s.max_num_reqs, max_model_len=max_len,
-            max_num_batched_tokens=s.max_num_tokens, device=device,
-            vocab_size=vllm_config.model_config.get_vocab_size(), block_sizes=block_sizes,
-            max_num_blocks_per_req=max_blocks, num_spec_tokens=s.num_spec_tokens,
+            max_num_reqs=s.max_num_reqs,
+            max_model_len=max_len,
+            max_num_batched_tokens=s.max_num_tokens,
+            device=device,
+            vocab_size=vllm_config.model_config.get_vocab_size(),
+            block_sizes=block_sizes,
+            max_num_blocks_per_req=max_blocks,
+            num_spec_tokens=s.num_spec_tokens,
             logitsprocs=current_input_batch.logitsprocs,
             logitsprocs_need_output_token_ids=current_input_batch.logitsprocs_need_output_token_ids,
-            is_pooling_model=s.is_pooling_model, cp_kv_cache_interleave_size=interleave,
+            is_pooling_model=s.is_pooling_model,
+            cp_kv_cache_interleave_size=interleave,
             reasoning_config=vllm_config.reasoning_config,
-            use_replayssm=vllm_config.cache_config.use_replayssm, slot_mapping_modes=modes)
+            use_replayssm=vllm_config.cache_config.use_replayssm,
+            slot_mapping_modes=modes,
+        )
     return {"input_batch": batch, "input_batch_geometry": geometry}

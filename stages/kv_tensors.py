@@ -31,8 +31,13 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.worker.utils import AttentionGroup
 
-__all__ = ["allocated_kv_caches", "kv_caches", "runner_kv_caches",
-           "extract_hidden_states_check", "kv_connector_registration"]
+__all__ = [
+    "allocated_kv_caches",
+    "extract_hidden_states_check",
+    "kv_caches",
+    "kv_connector_registration",
+    "runner_kv_caches",
+]
 
 KV = "kv_cache_config"
 
@@ -48,8 +53,10 @@ def resolve_layout(kv_cache_layout: Any, vllm_config: VllmConfig) -> Any:
     try:
         return KVCacheLayout[str(kv_cache_layout)]
     except KeyError:
-        msg = (f"kv_cache_layout={kv_cache_layout!r} is not a KVCacheLayout; valid: "
-               f"{[m.name for m in KVCacheLayout]}.")
+        msg = (
+            f"kv_cache_layout={kv_cache_layout!r} is not a KVCacheLayout; valid: "
+            f"{[m.name for m in KVCacheLayout]}."
+        )
         raise KVCacheConfigError(msg, field="kv_cache_layout") from None
 
 
@@ -66,10 +73,15 @@ def _release_allocation(allocated_kv_caches: dict[str, Any]) -> None:
 
 
 @stage(needs=KV, teardown=_release_allocation)
-def allocated_kv_caches(vllm_config: VllmConfig, device: Any,
-                        runner_kv_cache_config: KVCacheConfig, kernel_block_sizes: list[int],
-                        kv_cache_layout: Any, kv_cache_allocation_context: Any,
-                        jit_warmup_registry: Any) -> dict[str, Any]:
+def allocated_kv_caches(
+    vllm_config: VllmConfig,
+    device: Any,
+    runner_kv_cache_config: KVCacheConfig,
+    kernel_block_sizes: list[int],
+    kv_cache_layout: Any,
+    kv_cache_allocation_context: Any,
+    jit_warmup_registry: Any,
+) -> dict[str, Any]:
     """One zeroed int8 buffer on ``device``, viewed per layer in the resolved layout.
 
     vLLM's ``allocate_kv_cache``, inside ``kv_cache_allocation_context`` when given (the
@@ -88,15 +100,18 @@ def _release_aliases(kv_caches: dict[str, Any]) -> None:
 
 
 @stage(needs=KV, teardown=_release_aliases)
-def kv_caches(allocated_kv_caches: Mapping[str, Any],
-              shared_kv_cache_layers: Mapping[str, str]) -> dict[str, Any]:
+def kv_caches(
+    allocated_kv_caches: Mapping[str, Any], shared_kv_cache_layers: Mapping[str, str]
+) -> dict[str, Any]:
     """The per-layer KV views with each KV-sharing layer aliased to its target's view."""
     out = dict(allocated_kv_caches)
     for name, target in shared_kv_cache_layers.items():
         if target not in out:
-            raise KVCacheConfigError(f"layer {name!r} shares the KV cache of {target!r}, which "
-                                     f"got no KV cache tensor.", field="kv_cache_tensors",
-                                     layer=target)
+            raise KVCacheConfigError(
+                f"layer {name!r} shares the KV cache of {target!r}, which got no KV cache tensor.",
+                field="kv_cache_tensors",
+                layer=target,
+            )
         out[name] = out[target]
     return out
 
@@ -109,12 +124,17 @@ def _unbind_layers(runner_kv_caches: list[Any], vllm_config: VllmConfig) -> None
     runner_kv_caches.clear()
 
 
-@stage(needs=KV, teardown=_unbind_layers,
-       effects=("layer.kv_cache", "attn_group.kernel_block_stride"))
-def runner_kv_caches(vllm_config: VllmConfig, kv_caches: Mapping[str, Any],
-                     runner_kv_cache_config: KVCacheConfig,
-                     attn_groups: list[list[AttentionGroup]], drafter_attn_groups: list[Any],
-                     jit_warmup_registry: Any) -> list[Any]:
+@stage(
+    needs=KV, teardown=_unbind_layers, effects=("layer.kv_cache", "attn_group.kernel_block_stride")
+)
+def runner_kv_caches(
+    vllm_config: VllmConfig,
+    kv_caches: Mapping[str, Any],
+    runner_kv_cache_config: KVCacheConfig,
+    attn_groups: list[list[AttentionGroup]],
+    drafter_attn_groups: list[Any],
+    jit_warmup_registry: Any,
+) -> list[Any]:
     """Bind the views to the layers; return the runner's list in layer-index order.
 
     vLLM's ``bind_kv_cache``: layers get kernel-block views
@@ -127,16 +147,21 @@ def runner_kv_caches(vllm_config: VllmConfig, kv_caches: Mapping[str, Any],
     groups = [g for gs in attn_groups for g in gs] + list(drafter_attn_groups)
     runner_list: list[Any] = []
     with _jit(jit_warmup_registry):
-        bind_kv_cache(dict(kv_caches), vllm_config.compilation_config.static_forward_context,
-                      runner_list, num_attn_module,
-                      kv_cache_groups=runner_kv_cache_config.kv_cache_groups,
-                      layer_kv_caches=map_kv_caches_to_kernel_blocks(dict(kv_caches), groups))
+        bind_kv_cache(
+            dict(kv_caches),
+            vllm_config.compilation_config.static_forward_context,
+            runner_list,
+            num_attn_module,
+            kv_cache_groups=runner_kv_cache_config.kv_cache_groups,
+            layer_kv_caches=map_kv_caches_to_kernel_blocks(dict(kv_caches), groups),
+        )
     return runner_list
 
 
 @stage(needs=KV)
-def extract_hidden_states_check(vllm_config: VllmConfig, drafter: Any,
-                                runner_kv_cache_config: KVCacheConfig) -> bool:
+def extract_hidden_states_check(
+    vllm_config: VllmConfig, drafter: Any, runner_kv_cache_config: KVCacheConfig
+) -> bool:
     """With an extract-hidden-states drafter, check its layers share one KV cache group."""
     spec = vllm_config.speculative_config
     if spec and spec.uses_extract_hidden_states():
@@ -146,8 +171,9 @@ def extract_hidden_states_check(vllm_config: VllmConfig, drafter: Any,
 
 
 @stage(needs=KV, effects=("kv_transfer_group registered caches",))
-def kv_connector_registration(kv_caches: Mapping[str, Any], is_profiling: bool,
-                              runner_kv_caches: list[Any]) -> bool:
+def kv_connector_registration(
+    kv_caches: Mapping[str, Any], is_profiling: bool, runner_kv_caches: list[Any]
+) -> bool:
     """Register the KV caches with the KV connector, if any (skipped while profiling).
 
     No teardown: vLLM's connectors have no unregister call; a later KV phase registers

@@ -45,14 +45,14 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheSpec
 
 __all__ = [
+    "attention_cp_compatible",
     "attention_layers",
-    "shared_kv_cache_layers",
-    "kv_cache_spec",
+    "attn_backends",
     "encoder_only_layers",
+    "kv_cache_spec",
     "kv_sharing_fast_prefill_eligible_layers",
     "runner_only_attn_layers",
-    "attn_backends",
-    "attention_cp_compatible",
+    "shared_kv_cache_layers",
 ]
 
 MODEL = "model"
@@ -101,8 +101,10 @@ def shared_kv_cache_layers(attention_layers: Mapping[str, AttentionLayerBase]) -
     for name, layer in attention_layers.items():
         if isinstance(layer, Attention) and (target := layer.kv_sharing_target_layer_name):
             if target not in attention_layers:
-                msg = (f"layer {name!r} shares the KV cache of {target!r}, which is not an "
-                       f"attention layer of the model.")
+                msg = (
+                    f"layer {name!r} shares the KV cache of {target!r}, which is not an "
+                    f"attention layer of the model."
+                )
                 raise ModelPhaseError(msg, layer=name)
             check_sharing_order(name, target, ModelPhaseError)
             shared[name] = target
@@ -114,14 +116,19 @@ def check_sharing_order(name: str, target: str, error: type[Exception]) -> None:
     from vllm.model_executor.models.utils import extract_layer_index
 
     if extract_layer_index(target) >= extract_layer_index(name):
-        msg = (f"layer {name!r} shares the KV cache of {target!r}, which does not come "
-               f"before it; a KV-sharing target must be an earlier layer.")
+        msg = (
+            f"layer {name!r} shares the KV cache of {target!r}, which does not come "
+            f"before it; a KV-sharing target must be an earlier layer."
+        )
         raise error(msg, layer=name)
 
 
 @stage(needs=MODEL)
-def kv_cache_spec(vllm_config: VllmConfig, attention_layers: Mapping[str, AttentionLayerBase],
-                  shared_kv_cache_layers: Mapping[str, str]) -> dict[str, KVCacheSpec]:
+def kv_cache_spec(
+    vllm_config: VllmConfig,
+    attention_layers: Mapping[str, AttentionLayerBase],
+    shared_kv_cache_layers: Mapping[str, str],
+) -> dict[str, KVCacheSpec]:
     """The KV cache spec of each layer that owns a KV cache (vLLM's ``get_kv_cache_spec``).
 
     Sharing layers get no spec (they reuse their target's cache); encoder layers return
@@ -150,14 +157,19 @@ def encoder_only_layers(attention_layers: Mapping[str, AttentionLayerBase]) -> t
     from vllm.model_executor.layers.attention import Attention
     from vllm.v1.attention.backend import AttentionType
 
-    return tuple(name for name, layer in attention_layers.items()
-                 if isinstance(layer, Attention) and layer.attn_type == AttentionType.ENCODER_ONLY)
+    return tuple(
+        name
+        for name, layer in attention_layers.items()
+        if isinstance(layer, Attention) and layer.attn_type == AttentionType.ENCODER_ONLY
+    )
 
 
 @stage(needs=MODEL)
 def kv_sharing_fast_prefill_eligible_layers(
-        vllm_config: VllmConfig, attention_layers: Mapping[str, AttentionLayerBase],
-        shared_kv_cache_layers: Mapping[str, str]) -> frozenset[str]:
+    vllm_config: VllmConfig,
+    attention_layers: Mapping[str, AttentionLayerBase],
+    shared_kv_cache_layers: Mapping[str, str],
+) -> frozenset[str]:
     """The trailing run of KV-sharing layers that may skip prefill (YOCO), if enabled.
 
     Only with ``cache_config.kv_sharing_fast_prefill``; vLLM computes this inside
@@ -177,8 +189,9 @@ def kv_sharing_fast_prefill_eligible_layers(
 
 
 @stage(needs=MODEL)
-def runner_only_attn_layers(encoder_only_layers: tuple[str, ...],
-                            shared_kv_cache_layers: Mapping[str, str]) -> frozenset[str]:
+def runner_only_attn_layers(
+    encoder_only_layers: tuple[str, ...], shared_kv_cache_layers: Mapping[str, str]
+) -> frozenset[str]:
     """Attention layers the runner handles itself: encoder-only and KV-sharing layers.
 
     The engine's KV planner never sees them; vLLM adds them to
@@ -188,9 +201,10 @@ def runner_only_attn_layers(encoder_only_layers: tuple[str, ...],
 
 
 @stage(needs=MODEL)
-def attn_backends(attention_layers: Mapping[str, AttentionLayerBase],
-                  kv_sharing_fast_prefill_eligible_layers: frozenset[str],
-                  ) -> dict[str, type[AttentionBackend]]:
+def attn_backends(
+    attention_layers: Mapping[str, AttentionLayerBase],
+    kv_sharing_fast_prefill_eligible_layers: frozenset[str],
+) -> dict[str, type[AttentionBackend]]:
     """The attention backend class of each layer, FastPrefill-wrapped where eligible.
 
     vLLM re-creates the ``create_fast_prefill_custom_backend("FastPrefill", backend)``
@@ -213,8 +227,9 @@ def attn_backends(attention_layers: Mapping[str, AttentionLayerBase],
 
 
 @stage(needs=MODEL)
-def attention_cp_compatible(vllm_config: VllmConfig,
-                            attention_layers: Mapping[str, AttentionLayerBase]) -> bool:
+def attention_cp_compatible(
+    vllm_config: VllmConfig, attention_layers: Mapping[str, AttentionLayerBase]
+) -> bool:
     """Check the layers' backends support the configured prefill/decode context parallelism.
 
     Calls vLLM's ``check_attention_cp_compatibility`` (it reads the same forward context

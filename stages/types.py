@@ -40,11 +40,15 @@ class RunnerSettings:
     @classmethod
     def from_runner(cls, runner: Any) -> RunnerSettings:
         """Read the settings from a constructed ``GPUModelRunner``."""
-        return cls(kv_cache_dtype=runner.kv_cache_dtype, max_num_reqs=runner.max_num_reqs,
-                   max_num_tokens=runner.max_num_tokens, max_encoder_len=runner.max_encoder_len,
-                   uniform_decode_query_len=runner.uniform_decode_query_len,
-                   num_spec_tokens=runner.num_spec_tokens,
-                   is_pooling_model=runner.is_pooling_model)
+        return cls(
+            kv_cache_dtype=runner.kv_cache_dtype,
+            max_num_reqs=runner.max_num_reqs,
+            max_num_tokens=runner.max_num_tokens,
+            max_encoder_len=runner.max_encoder_len,
+            uniform_decode_query_len=runner.uniform_decode_query_len,
+            num_spec_tokens=runner.num_spec_tokens,
+            is_pooling_model=runner.is_pooling_model,
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -63,7 +67,9 @@ class InputBatchGeometry:
     @classmethod
     def from_runner(cls, runner: Any) -> InputBatchGeometry:
         """Read the geometry of the runner's current input batch."""
-        return cls(block_sizes=runner._init_block_sizes,
-                   max_num_blocks=runner._init_max_num_blocks,
-                   slot_mapping_modes=runner._init_slot_mapping_modes,
-                   cp_kv_cache_interleave_size=runner.cp_kv_cache_interleave_size)
+        return cls(
+            block_sizes=runner._init_block_sizes,
+            max_num_blocks=runner._init_max_num_blocks,
+            slot_mapping_modes=runner._init_slot_mapping_modes,
+            cp_kv_cache_interleave_size=runner.cp_kv_cache_interleave_size,
+        )

@@ -12,8 +12,14 @@ from typing import Any
 from .hook import worker as _impl
 from .hook.worker import SUPPORTED_VLLM, check_vllm_version, refuse_model_runner_v2
 
-__all__ = ["SUPPORTED_VLLM", "PipelinedCPUWorker", "PipelinedGPUWorker", "PipelinedWorker",
-           "check_vllm_version", "refuse_model_runner_v2"]
+__all__ = [
+    "SUPPORTED_VLLM",
+    "PipelinedCPUWorker",  # noqa: F822  (built on first access, by __getattr__)
+    "PipelinedGPUWorker",  # noqa: F822  (built on first access, by __getattr__)
+    "PipelinedWorker",  # noqa: F822  (built on first access, by __getattr__)
+    "check_vllm_version",
+    "refuse_model_runner_v2",
+]
 
 
 def __getattr__(name: str) -> Any:

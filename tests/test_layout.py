@@ -60,8 +60,10 @@ def _imports(mod: str) -> set[str]:
             else:
                 target = node.module or ""
             # `from pkg import sub` imports the submodule when there is one
-            names = [f"{target}.{a.name}" if f"{target}.{a.name}" in MODULES else target
-                     for a in node.names]
+            names = [
+                f"{target}.{a.name}" if f"{target}.{a.name}" in MODULES else target
+                for a in node.names
+            ]
         else:
             continue
         for name in names:
@@ -84,8 +86,12 @@ def _graph() -> nx.DiGraph:
 def _layer(mod: str) -> tuple[int, int]:
     """(package, layer): a module may import only its own package's layers at or below."""
     if mod.startswith("initpipe_vllm"):
-        rules = [(r"initpipe_vllm\.tools\b", 3), (r"initpipe_vllm\.(testing|pytest_plugin)\b", 2),
-                 (r"initpipe_vllm\.(hook|worker|runner)\b", 1), (r"initpipe_vllm\b", 0)]
+        rules = [
+            (r"initpipe_vllm\.tools\b", 3),
+            (r"initpipe_vllm\.(testing|pytest_plugin)\b", 2),
+            (r"initpipe_vllm\.(hook|worker|runner)\b", 1),
+            (r"initpipe_vllm\b", 0),
+        ]
         return 1, next(n for pat, n in rules if re.match(pat, mod))
     rules = [(r"initpipe\.cli\b", 2), (r"initpipe\.view\b", 1), (r"initpipe\b", 0)]
     return 0, next(n for pat, n in rules if re.match(pat, mod))
@@ -109,14 +115,18 @@ def test_no_import_circles() -> None:
 @pytest.mark.parametrize("mod", sorted(MODULES))
 def test_imports_point_down(mod: str) -> None:
     package, layer = _layer(mod)
-    up = sorted(dep for dep in _imports(mod)
-                if _layer(dep)[0] == package and _layer(dep)[1] > layer)
+    up = sorted(
+        dep for dep in _imports(mod) if _layer(dep)[0] == package and _layer(dep)[1] > layer
+    )
     assert up == [], f"{mod} imports a higher layer: {up}"
 
 
 def test_initpipe_never_imports_initpipe_vllm() -> None:
-    bad = sorted((m, d) for m, d in _graph().edges
-                 if (m == "initpipe" or m.startswith("initpipe.")) and d.startswith("initpipe_vllm"))
+    bad = sorted(
+        (m, d)
+        for m, d in _graph().edges
+        if (m == "initpipe" or m.startswith("initpipe.")) and d.startswith("initpipe_vllm")
+    )
     assert bad == []
 
 
@@ -138,7 +148,10 @@ def test_every_path_the_readme_names_exists() -> None:
 def test_the_readme_layout_lists_every_folder() -> None:
     readme = (ROOT / "README.md").read_text()
     layout = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
-    folders = sorted(str(p.parent.relative_to(ROOT)) + "/"
-                     for folder in PACKAGES.values() for p in folder.rglob("__init__.py"))
+    folders = sorted(
+        str(p.parent.relative_to(ROOT)) + "/"
+        for folder in PACKAGES.values()
+        for p in folder.rglob("__init__.py")
+    )
     missing = [f for f in folders if f not in layout]
     assert missing == []

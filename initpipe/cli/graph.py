@@ -32,9 +32,18 @@ from .target import DEFAULT_TARGET, load_pipeline
 
 __all__ = ["run_graph"]
 
-_SUFFIX_FORMATS = {".txt": "text", ".mmd": "mermaid", ".mermaid": "mermaid", ".dot": "dot",
-                   ".gv": "dot", ".json": "json", ".svg": "svg", ".png": "png",
-                   ".html": "html", ".htm": "html"}
+_SUFFIX_FORMATS = {
+    ".txt": "text",
+    ".mmd": "mermaid",
+    ".mermaid": "mermaid",
+    ".dot": "dot",
+    ".gv": "dot",
+    ".json": "json",
+    ".svg": "svg",
+    ".png": "png",
+    ".html": "html",
+    ".htm": "html",
+}
 
 
 class _Invalid(Exception):
@@ -56,20 +65,27 @@ def _load(target: str) -> Pipeline:
     except StageDeclarationError as err:
         raise _Invalid(target, [err]) from err
     except Exception as err:  # the target's own import-time bug: name it, don't trace back
-        raise UsageError(f"importing target {target!r} failed: {type(err).__name__}: {err}"
-                         ) from err
+        raise UsageError(
+            f"importing target {target!r} failed: {type(err).__name__}: {err}"
+        ) from err
 
 
 def _problem_data(p: BaseException) -> dict[str, Any]:
-    facts = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(p).items()
-             if isinstance(v, (str, int, tuple, list)) and not k.startswith("_")}
+    facts = {
+        k: list(v) if isinstance(v, tuple) else v
+        for k, v in vars(p).items()
+        if isinstance(v, (str, int, tuple, list)) and not k.startswith("_")
+    }
     return {"type": type(p).__name__, "message": str(p), **facts}
 
 
 def _report_invalid(inv: _Invalid, fmt: str | None, stream: Any) -> int:
     if fmt == "json":
-        data = {"ok": False, "target": inv.target,
-                "problems": [_problem_data(p) for p in inv.problems]}
+        data = {
+            "ok": False,
+            "target": inv.target,
+            "problems": [_problem_data(p) for p in inv.problems],
+        }
         stream.write(json.dumps(data, indent=2) + "\n")
         return 1
     n = len(inv.problems)
@@ -82,8 +98,10 @@ def _report_invalid(inv: _Invalid, fmt: str | None, stream: Any) -> int:
 def _summary(p: Pipeline) -> str:
     counts = ", ".join(f"{ph}: {len(p.phase_order(ph))}" for ph in ("model", "kv_cache_config"))
     ne = len(export(p)["edges"])  # counted as in every drawing: one per data key
-    return (f"OK: pipeline {p.name!r} is valid: {len(p)} stage{'s' if len(p) != 1 else ''} "
-            f"({counts}), {ne} edge{'s' if ne != 1 else ''}")
+    return (
+        f"OK: pipeline {p.name!r} is valid: {len(p)} stage{'s' if len(p) != 1 else ''} "
+        f"({counts}), {ne} edge{'s' if ne != 1 else ''}"
+    )
 
 
 def _read_trace(path: str, p: Pipeline) -> tuple[dict[str, float], dict[str, float], list[str]]:
@@ -93,13 +111,16 @@ def _read_trace(path: str, p: Pipeline) -> tuple[dict[str, float], dict[str, flo
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise UsageError(f"cannot read trace {path!r}: {err}") from err
     except (KeyError, TypeError, AttributeError) as err:
-        raise UsageError(f"{path!r} is not an initpipe trace (write one with "
-                         f"Trace.write_json): missing {err}") from err
+        raise UsageError(
+            f"{path!r} is not an initpipe trace (write one with Trace.write_json): missing {err}"
+        ) from err
     durations = trace.durations()
     unknown = sorted(set(durations) - set(p.specs))
     if unknown:
-        print(f"note: the trace has stages this pipeline lacks (ignored): {', '.join(unknown)}",
-              file=sys.stderr)
+        print(
+            f"note: the trace has stages this pipeline lacks (ignored): {', '.join(unknown)}",
+            file=sys.stderr,
+        )
     durations = {n: d for n, d in durations.items() if n in p.specs}
     starts = {e.name: e.start for e in trace.events if e.kind == "stage" and e.outcome == "ok"}
     path_ = [n for n, _ in critical_path(p.graph, durations)] if durations else []
@@ -113,11 +134,20 @@ def _blame(view: dict[str, Any], starts: dict[str, float], fmt: str) -> str:
     ranked = blame(durations)
     chain = view.get("critical_path", [])
     if fmt == "json":
-        return json.dumps({
-            "blame": [{"name": n, "phase": phase[n], "duration": d} for n, d in ranked],
-            "critical_path": [{"name": n, "start": starts.get(n), "duration": durations.get(n)}
-                              for n in chain],
-            "total": sum(durations.values())}, indent=2) + "\n"
+        return (
+            json.dumps(
+                {
+                    "blame": [{"name": n, "phase": phase[n], "duration": d} for n, d in ranked],
+                    "critical_path": [
+                        {"name": n, "start": starts.get(n), "duration": durations.get(n)}
+                        for n in chain
+                    ],
+                    "total": sum(durations.values()),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     width = max((len(n) for n in durations), default=0)
     lines = [f"{fmt_duration(d):>9} {n:<{width}}  ({phase[n]})" for n, d in ranked]
     lines += ["", "critical chain (@start +duration):"]
@@ -195,8 +225,11 @@ def run_graph(args: argparse.Namespace) -> int:
         except UnknownStageNameError as err:
             raise UsageError(f"--focus: {err}") from err
     if args.check:
-        out = (json.dumps({"ok": True, "target": target, "problems": []}) + "\n"
-               if fmt == "json" else _summary(p) + "\n")
+        out = (
+            json.dumps({"ok": True, "target": target, "problems": []}) + "\n"
+            if fmt == "json"
+            else _summary(p) + "\n"
+        )
         _write(out.encode(), args.output, "text")
         return 0
     view = export(p)
@@ -212,8 +245,11 @@ def run_graph(args: argparse.Namespace) -> int:
         from ..view.diff import diff_views, render_diff_text
 
         d = diff_views(select(other, phase=args.phase), view)
-        text = (json.dumps(d, indent=2) + "\n" if fmt == "json"
-                else render_diff_text(d, args.diff, target))
+        text = (
+            json.dumps(d, indent=2) + "\n"
+            if fmt == "json"
+            else render_diff_text(d, args.diff, target)
+        )
         _write(text.encode(), args.output, "text")
         return 0 if d["identical"] else 1
     _write(_render(view, fmt), args.output, fmt)

@@ -28,8 +28,10 @@ def _import(name: str) -> types.ModuleType:
         return importlib.import_module(name)
     except ModuleNotFoundError as err:
         if err.name is not None and (name == err.name or name.startswith(err.name + ".")):
-            msg = (f"no module named {name!r}: check the spelling, and that its folder is on "
-                   f"PYTHONPATH (or installed)")
+            msg = (
+                f"no module named {name!r}: check the spelling, and that its folder is on "
+                f"PYTHONPATH (or installed)"
+            )
         else:
             msg = f"importing {name!r} failed: it needs {err.name!r}, which is not installed"
         raise TargetError(msg) from err
@@ -43,17 +45,21 @@ def _resolve(mod: types.ModuleType, path: str) -> Any:
             names = [n for n in dir(obj) if not n.startswith("_")]
             close = difflib.get_close_matches(part, names, n=3)
             hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
-            raise TargetError(f"{where}: {obj.__name__ if obj is mod else path!r} has no "
-                              f"attribute {part!r}.{hint}")
+            raise TargetError(
+                f"{where}: {obj.__name__ if obj is mod else path!r} has no "
+                f"attribute {part!r}.{hint}"
+            )
         obj = getattr(obj, part)
     return obj
 
 
 def _module_inputs(mod: types.ModuleType) -> dict[str, Any]:
     declared = getattr(mod, "INITPIPE_INPUTS", None) or {}
-    return {"start_inputs": declared.get("start", ()),
-            "model_inputs": declared.get("model", ("model",)),
-            "kv_inputs": declared.get("kv_cache_config", ("kv_cache_config",))}
+    return {
+        "start_inputs": declared.get("start", ()),
+        "model_inputs": declared.get("model", ("model",)),
+        "kv_inputs": declared.get("kv_cache_config", ("kv_cache_config",)),
+    }
 
 
 def _from_object(obj: Any, mod: types.ModuleType, target: str) -> Pipeline:
@@ -65,10 +71,13 @@ def _from_object(obj: Any, mod: types.ModuleType, target: str) -> Pipeline:
         made = obj()
         if isinstance(made, (Pipeline, list, tuple)):
             return _from_object(made, mod, target)
-        raise TargetError(f"{target}() returned {type(made).__name__}, not a Pipeline or a "
-                          f"list of stages")
-    raise TargetError(f"{target} is of type {type(obj).__name__}; expected a Pipeline, a list of "
-                      f"stages, or a function returning one")
+        raise TargetError(
+            f"{target}() returned {type(made).__name__}, not a Pipeline or a list of stages"
+        )
+    raise TargetError(
+        f"{target} is of type {type(obj).__name__}; expected a Pipeline, a list of "
+        f"stages, or a function returning one"
+    )
 
 
 def load_pipeline(target: str | None = None) -> Pipeline:
@@ -89,12 +98,15 @@ def load_pipeline(target: str | None = None) -> Pipeline:
     target = target or DEFAULT_TARGET
     modname, _, attr = target.partition(":")
     if not modname or (":" in target and not attr):
-        raise TargetError(f"bad target {target!r}: use 'package.module' or "
-                          f"'package.module:attribute'")
+        raise TargetError(
+            f"bad target {target!r}: use 'package.module' or 'package.module:attribute'"
+        )
     mod = _import(modname)
     if attr:
         return _from_object(_resolve(mod, attr), mod, target)
     if not any(get_spec(v) is not None for v in vars(mod).values()):
-        raise TargetError(f"module {modname!r} declares no stages at its top level; name a "
-                          f"pipeline with '{modname}:ATTRIBUTE'")
+        raise TargetError(
+            f"module {modname!r} declares no stages at its top level; name a "
+            f"pipeline with '{modname}:ATTRIBUTE'"
+        )
     return Pipeline.from_module(mod)

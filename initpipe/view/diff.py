@@ -39,13 +39,20 @@ def diff_views(old: View, new: View) -> dict[str, Any]:
 
     out: dict[str, Any] = {
         "added_stages": [{"name": n, "phase": b[n]["phase"]} for n in sorted(b.keys() - a.keys())],
-        "removed_stages": [{"name": n, "phase": a[n]["phase"]}
-                           for n in sorted(a.keys() - b.keys())],
-        "phase_changes": [{"name": n, "from": a[n]["phase"], "to": b[n]["phase"]}
-                          for n in both if a[n]["phase"] != b[n]["phase"]],
-        "changed_stages": [{"name": n, "field": f, "from": a[n].get(f, []), "to": b[n].get(f, [])}
-                           for n in both for f in _FIELDS
-                           if sorted(a[n].get(f, [])) != sorted(b[n].get(f, []))],
+        "removed_stages": [
+            {"name": n, "phase": a[n]["phase"]} for n in sorted(a.keys() - b.keys())
+        ],
+        "phase_changes": [
+            {"name": n, "from": a[n]["phase"], "to": b[n]["phase"]}
+            for n in both
+            if a[n]["phase"] != b[n]["phase"]
+        ],
+        "changed_stages": [
+            {"name": n, "field": f, "from": a[n].get(f, []), "to": b[n].get(f, [])}
+            for n in both
+            for f in _FIELDS
+            if sorted(a[n].get(f, [])) != sorted(b[n].get(f, []))
+        ],
         "added_edges": edges(eb - ea),
         "removed_edges": edges(ea - eb),
     }
@@ -54,8 +61,9 @@ def diff_views(old: View, new: View) -> dict[str, Any]:
 
 
 def _edge(e: dict[str, Any]) -> str:
-    return f"{e['from']} -> {e['to']}" + (f" ({e['key']})" if e["key"] is not None else
-                                          " (after/before)")
+    return f"{e['from']} -> {e['to']}" + (
+        f" ({e['key']})" if e["key"] is not None else " (after/before)"
+    )
 
 
 def render_diff_text(d: dict[str, Any], old_name: str, new_name: str) -> str:
@@ -64,8 +72,10 @@ def render_diff_text(d: dict[str, Any], old_name: str, new_name: str) -> str:
     lines += [f"+ stage {s['name']} ({s['phase']})" for s in d["added_stages"]]
     lines += [f"- stage {s['name']} ({s['phase']})" for s in d["removed_stages"]]
     lines += [f"~ stage {c['name']}: phase {c['from']} -> {c['to']}" for c in d["phase_changes"]]
-    lines += [f"~ stage {c['name']}: {c['field']} [{', '.join(c['from'])}] -> "
-              f"[{', '.join(c['to'])}]" for c in d["changed_stages"]]
+    lines += [
+        f"~ stage {c['name']}: {c['field']} [{', '.join(c['from'])}] -> [{', '.join(c['to'])}]"
+        for c in d["changed_stages"]
+    ]
     lines += [f"+ edge {_edge(e)}" for e in d["added_edges"]]
     lines += [f"- edge {_edge(e)}" for e in d["removed_edges"]]
     if d["identical"]:

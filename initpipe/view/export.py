@@ -51,21 +51,38 @@ def export(pipeline: Pipeline) -> View:
     """Return ``pipeline`` as schema-version-1 data (see the module docstring)."""
     stages = []
     for name, s in pipeline.specs.items():
-        stages.append({"name": name, "phase": s.needs, "inputs": list(s.inputs),
-                       "outputs": list(s.provides), "effects": list(s.effects),
-                       "after": list(s.after), "before": list(s.before), "module": s.module,
-                       "qualname": s.qualname, "package": s.package, "doc": s.doc})
+        stages.append(
+            {
+                "name": name,
+                "phase": s.needs,
+                "inputs": list(s.inputs),
+                "outputs": list(s.provides),
+                "effects": list(s.effects),
+                "after": list(s.after),
+                "before": list(s.before),
+                "module": s.module,
+                "qualname": s.qualname,
+                "package": s.package,
+                "doc": s.doc,
+            }
+        )
     rank = {n: i for i, n in enumerate(pipeline.order)}
     edges = []
-    for a, b, data in sorted(pipeline.graph.edges(data=True),
-                             key=lambda e: (rank[e[1]], rank[e[0]])):
+    for a, b, data in sorted(
+        pipeline.graph.edges(data=True), key=lambda e: (rank[e[1]], rank[e[0]])
+    ):
         if data["keys"]:
             edges += [{"from": a, "to": b, "key": k, "kind": "data"} for k in data["keys"]]
         else:
             edges.append({"from": a, "to": b, "key": None, "kind": "order"})
-    return {"version": SCHEMA_VERSION, "name": pipeline.name,
-            "inputs": {p: list(v) for p, v in pipeline.inputs.items()},
-            "stages": stages, "edges": edges, "order": list(pipeline.order)}
+    return {
+        "version": SCHEMA_VERSION,
+        "name": pipeline.name,
+        "inputs": {p: list(v) for p, v in pipeline.inputs.items()},
+        "stages": stages,
+        "edges": edges,
+        "order": list(pipeline.order),
+    }
 
 
 def load_export(path: str | Path) -> View:
@@ -78,10 +95,15 @@ def load_export(path: str | Path) -> View:
         data = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ExportError(f"cannot read graph export {str(path)!r}: {err}") from err
-    if not (isinstance(data, dict) and isinstance(data.get("stages"), list)
-            and isinstance(data.get("edges"), list)):
-        raise ExportError(f"{str(path)!r} is not an initpipe graph export (expected an object "
-                          f"with 'stages' and 'edges'; write one with --format json)")
+    if not (
+        isinstance(data, dict)
+        and isinstance(data.get("stages"), list)
+        and isinstance(data.get("edges"), list)
+    ):
+        raise ExportError(
+            f"{str(path)!r} is not an initpipe graph export (expected an object "
+            f"with 'stages' and 'edges'; write one with --format json)"
+        )
     data.setdefault("order", [s["name"] for s in data["stages"]])
     data.setdefault("name", str(path))
     data.setdefault("inputs", {})

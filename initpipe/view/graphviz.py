@@ -30,14 +30,22 @@ def graphviz(dot_source: str, fmt: str, *, purpose: str | None = None) -> bytes:
     if exe is None:
         raise GraphvizError(
             f"--format {purpose or fmt} needs Graphviz's dot program, which is not on PATH. "
-            f"Install it with: apt-get install graphviz (macOS: brew install graphviz), or use --format "
-            f"dot or mermaid.")
+            f"Install it with: apt-get install graphviz (macOS: brew install graphviz), or use "
+            f"--format dot or mermaid."
+        )
     try:
-        proc = subprocess.run([exe, f"-T{fmt}"], input=dot_source.encode(), capture_output=True,
-                              timeout=120, check=False)
+        proc = subprocess.run(
+            [exe, f"-T{fmt}"],
+            input=dot_source.encode(),
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as err:
         raise GraphvizError(f"running {exe} failed: {err}") from err
     if proc.returncode != 0:
-        raise GraphvizError(f"{exe} -T{fmt} exited with {proc.returncode}: "
-                            f"{proc.stderr.decode(errors='replace').strip()}")
+        raise GraphvizError(
+            f"{exe} -T{fmt} exited with {proc.returncode}: "
+            f"{proc.stderr.decode(errors='replace').strip()}"
+        )
     return proc.stdout

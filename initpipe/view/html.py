@@ -176,8 +176,7 @@ def _svg_body(svg: str) -> str:
 
 def _json_for_script(view: View) -> str:
     # "</script>" or "<!--" inside a doc string must not end the script element early.
-    return (json.dumps(view).replace("<", "\\u003c").replace(">", "\\u003e")
-            .replace("&", "\\u0026"))
+    return json.dumps(view).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def _table(view: View) -> str:
@@ -189,18 +188,31 @@ def _table(view: View) -> str:
     rows = []
     for i, s in enumerate(view["stages"], 1):
         fill, stroke = PHASE_COLORS.get(s["phase"], ("#eee", "#555"))
-        cells = [str(i), ("<b>" if s["name"] in crit else "") + html.escape(s["name"])
-                 + ("</b> ★" if s["name"] in crit else ""),
-                 f'<span class="chip" style="background:{fill};border-color:{stroke}">'
-                 f'{html.escape(s["phase"])}</span>',
-                 html.escape(", ".join(s["inputs"])), html.escape(", ".join(s["outputs"])),
-                 html.escape(", ".join(s.get("effects", [])))]
+        cells = [
+            str(i),
+            ("<b>" if s["name"] in crit else "")
+            + html.escape(s["name"])
+            + ("</b> ★" if s["name"] in crit else ""),
+            f'<span class="chip" style="background:{fill};border-color:{stroke}">'
+            f"{html.escape(s['phase'])}</span>",
+            html.escape(", ".join(s["inputs"])),
+            html.escape(", ".join(s["outputs"])),
+            html.escape(", ".join(s.get("effects", []))),
+        ]
         cells += [fmt_duration(s.get("duration"))] if timed else []
         cells += [html.escape(s.get("doc", ""))]
-        rows.append(f'<tr data-stage="{html.escape(s["name"])}">'
-                    + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    return ("<table id=\"stages\"><thead><tr>" + "".join(f"<th>{h}</th>" for h in head)
-            + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+        rows.append(
+            f'<tr data-stage="{html.escape(s["name"])}">'
+            + "".join(f"<td>{c}</td>" for c in cells)
+            + "</tr>"
+        )
+    return (
+        '<table id="stages"><thead><tr>'
+        + "".join(f"<th>{h}</th>" for h in head)
+        + "</tr></thead><tbody>"
+        + "".join(rows)
+        + "</tbody></table>"
+    )
 
 
 def render_html(view: View, svg: str) -> str:
@@ -213,11 +225,15 @@ def render_html(view: View, svg: str) -> str:
     name = html.escape(view["name"])
     legend = "".join(
         f'<span><span class="chip" style="background:{f};border-color:{b}">{html.escape(p)}'
-        f"</span> phase</span>" for p, (f, b) in PHASE_COLORS.items())
+        f"</span> phase</span>"
+        for p, (f, b) in PHASE_COLORS.items()
+    )
     if "critical_path" in view:
-        legend += (f'<span><span class="chip" style="border-color:{CRITICAL};border-width:2px">'
-                   f"critical path</span> {html.escape(' → '.join(view['critical_path']))}"
-                   f" ({fmt_duration(view.get('total'))} total stage time)</span>")
+        legend += (
+            f'<span><span class="chip" style="border-color:{CRITICAL};border-width:2px">'
+            f"critical path</span> {html.escape(' → '.join(view['critical_path']))}"
+            f" ({fmt_duration(view.get('total'))} total stage time)</span>"
+        )
     n = len(view["stages"])
     body = re.sub(r"<!--.*?-->", "", _svg_body(svg), flags=re.S)
     return f"""<!DOCTYPE html>

@@ -6,20 +6,31 @@ Each renderer is a small pure function ``view -> str``; a view may carry trace d
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["CRITICAL", "PHASE_COLORS", "RENDERERS", "fmt_duration", "render_dot", "render_json",
-           "render_mermaid", "render_text"]
+__all__ = [
+    "CRITICAL",
+    "PHASE_COLORS",
+    "RENDERERS",
+    "fmt_duration",
+    "render_dot",
+    "render_json",
+    "render_mermaid",
+    "render_text",
+]
 
 View = dict[str, Any]
 
 #: Fill and border colours per phase, shared by every drawing (and the HTML page).
 PHASE_COLORS = {"model": ("#dbeafe", "#1d4ed8"), "kv_cache_config": ("#fef3c7", "#b45309")}
 CRITICAL = "#dc2626"
-_PHASE_TITLE = {"model": "model phase (runs once the model is loaded)",
-                "kv_cache_config": "kv_cache_config phase (re-runnable, once per KV config)"}
+_PHASE_TITLE = {
+    "model": "model phase (runs once the model is loaded)",
+    "kv_cache_config": "kv_cache_config phase (re-runnable, once per KV config)",
+}
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -52,7 +63,7 @@ def _grouped_edges(view: View) -> Iterator[tuple[str, str, str, bool]]:
 
 def _critical_pairs(view: View) -> set[tuple[str, str]]:
     path = view.get("critical_path") or []
-    return set(zip(path[:-1], path[1:]))
+    return set(itertools.pairwise(path))
 
 
 def _flow(s: dict[str, Any]) -> str:
@@ -66,8 +77,10 @@ def render_text(view: View) -> str:
     crit = set(view.get("critical_path") or [])
     counts = ", ".join(f"{p}: {sum(s['phase'] == p for s in stages)}" for p in _phases(view))
     ne = len(view["edges"])
-    lines = [f"pipeline {view['name']!r}: {len(stages)} stage{'s' if len(stages) != 1 else ''} "
-             f"({counts}), {ne} edge{'s' if ne != 1 else ''}"]
+    lines = [
+        f"pipeline {view['name']!r}: {len(stages)} stage{'s' if len(stages) != 1 else ''} "
+        f"({counts}), {ne} edge{'s' if ne != 1 else ''}"
+    ]
     ins = "; ".join(f"{p}: {', '.join(v) or '-'}" for p, v in view.get("inputs", {}).items())
     if ins:
         lines.append(f"inputs: {ins}")
@@ -91,9 +104,12 @@ def render_text(view: View) -> str:
     if timed:
         path = view["critical_path"]
         spent = sum((s.get("duration") or 0.0) for s in stages if s["name"] in crit)
-        lines += ["", f"critical path (*): {' -> '.join(path) or '(none)'} = "
-                      f"{fmt_duration(spent)} of {fmt_duration(view.get('total', 0.0))} "
-                      f"total stage time"]
+        lines += [
+            "",
+            f"critical path (*): {' -> '.join(path) or '(none)'} = "
+            f"{fmt_duration(spent)} of {fmt_duration(view.get('total', 0.0))} "
+            f"total stage time",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -149,12 +165,13 @@ def _attrs(**kw: Any) -> str:
 def render_dot(view: View) -> str:
     """Graphviz DOT: a cluster per phase, stage ids ``stage-NAME`` for the HTML page."""
     crit = set(view.get("critical_path") or [])
-    lines = [f"digraph {_q(view['name'])} {{",
-             '  graph [rankdir="TB", fontname="Helvetica", newrank="true", nodesep="0.3"];',
-             '  node [shape="box", style="rounded,filled", fontname="Helvetica", '
-             'fontsize="11", penwidth="1.2"];',
-             '  edge [fontname="Helvetica", fontsize="9", color="#555555", '
-             'fontcolor="#333333"];']
+    lines = [
+        f"digraph {_q(view['name'])} {{",
+        '  graph [rankdir="TB", fontname="Helvetica", newrank="true", nodesep="0.3"];',
+        '  node [shape="box", style="rounded,filled", fontname="Helvetica", '
+        'fontsize="11", penwidth="1.2"];',
+        '  edge [fontname="Helvetica", fontsize="9", color="#555555", fontcolor="#333333"];',
+    ]
     for phase in _phases(view):
         group = [s for s in view["stages"] if s["phase"] == phase]
         if not group:
@@ -169,17 +186,24 @@ def render_dot(view: View) -> str:
             if s.get("duration") is not None:
                 label += "\n" + fmt_duration(s["duration"])
             extra = {"color": CRITICAL, "penwidth": "3"} if s["name"] in crit else {"color": stroke}
-            lines.append(f"    {_q(s['name'])} " + _attrs(
-                label=label, id=f"stage-{s['name']}", fillcolor=fill,
-                tooltip=_flow(s), **extra) + ";")
+            lines.append(
+                f"    {_q(s['name'])} "
+                + _attrs(
+                    label=label, id=f"stage-{s['name']}", fillcolor=fill, tooltip=_flow(s), **extra
+                )
+                + ";"
+            )
         lines.append("  }")
     crit_edges = _critical_pairs(view)
     for a, b, label, order in _grouped_edges(view):
         extra = {"style": "dashed"} if order else {}
         if (a, b) in crit_edges:
             extra.update(color=CRITICAL, penwidth="2.5")
-        lines.append(f"  {_q(a)} -> {_q(b)} " + _attrs(
-            label=label, id=f"edge-{a}-{b}", tooltip=f"{a} -> {b}: {label}", **extra) + ";")
+        lines.append(
+            f"  {_q(a)} -> {_q(b)} "
+            + _attrs(label=label, id=f"edge-{a}-{b}", tooltip=f"{a} -> {b}: {label}", **extra)
+            + ";"
+        )
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -191,4 +215,8 @@ def render_json(view: View) -> str:
 
 #: Text renderers by ``--format`` name.
 RENDERERS: dict[str, Callable[[View], str]] = {
-    "text": render_text, "mermaid": render_mermaid, "dot": render_dot, "json": render_json}
+    "text": render_text,
+    "mermaid": render_mermaid,
+    "dot": render_dot,
+    "json": render_json,
+}

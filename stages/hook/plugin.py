@@ -25,8 +25,9 @@ logger = logging.getLogger("vllm.initpipe")
 
 ENV_VAR = "INITPIPE_VLLM"
 #: What vLLM 0.32.0's platforms resolve ``worker_cls="auto"`` to.
-STOCK_WORKERS = frozenset({"vllm.v1.worker.cpu_worker.CPUWorker",
-                           "vllm.v1.worker.gpu_worker.Worker"})
+STOCK_WORKERS = frozenset(
+    {"vllm.v1.worker.cpu_worker.CPUWorker", "vllm.v1.worker.gpu_worker.Worker"}
+)
 _PATCHED = "_initpipe_patched"
 
 
@@ -53,11 +54,18 @@ def register() -> None:
         original(vllm_config)
         if auto and parallel.worker_cls in STOCK_WORKERS:
             parallel.worker_cls = PIPELINED_WORKER
-            logger.info("initpipe: vLLM workers initialize through the initpipe pipeline "
-                        "(%s=1; worker_cls=%s).", ENV_VAR, PIPELINED_WORKER)
+            logger.info(
+                "initpipe: vLLM workers initialize through the initpipe pipeline "
+                "(%s=1; worker_cls=%s).",
+                ENV_VAR,
+                PIPELINED_WORKER,
+            )
         elif parallel.worker_cls != PIPELINED_WORKER:
-            logger.warning("initpipe: %s=1 but worker_cls=%r was chosen explicitly; "
-                           "leaving it.", ENV_VAR, parallel.worker_cls)
+            logger.warning(
+                "initpipe: %s=1 but worker_cls=%r was chosen explicitly; leaving it.",
+                ENV_VAR,
+                parallel.worker_cls,
+            )
 
     platform_cls.check_and_update_config = classmethod(check_and_update_config)
     setattr(platform_cls, _PATCHED, True)
@@ -70,11 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         print(PIPELINED_WORKER)
         return 0
     if argv in (["--usage"], ["-h"], ["--help"]):
-        print(f"usage: initpipe worker-cls [--usage]\n\n"
-              f"  LLM(..., worker_cls=\"{PIPELINED_WORKER}\")\n"
-              f"  vllm serve MODEL --worker-cls {PIPELINED_WORKER}\n"
-              f"  or, with no code change: {ENV_VAR}=1 vllm serve MODEL")
+        print(
+            f"usage: initpipe worker-cls [--usage]\n\n"
+            f'  LLM(..., worker_cls="{PIPELINED_WORKER}")\n'
+            f"  vllm serve MODEL --worker-cls {PIPELINED_WORKER}\n"
+            f"  or, with no code change: {ENV_VAR}=1 vllm serve MODEL"
+        )
         return 0
-    print(f"Error: unknown arguments {argv}; try `initpipe worker-cls --usage`",
-          file=sys.stderr)
+    print(f"Error: unknown arguments {argv}; try `initpipe worker-cls --usage`", file=sys.stderr)
     return 2

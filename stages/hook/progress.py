@@ -35,9 +35,20 @@ from typing import Any
 
 from initpipe.files import private_dir
 
-__all__ = ["ENV_LOG_STAGES", "ENV_TRACE", "add_listener", "failure_trace_path", "listeners",
-           "log_event", "log_phase", "logger", "remove_listener", "report_failure",
-           "trace_paths", "write_trace"]
+__all__ = [
+    "ENV_LOG_STAGES",
+    "ENV_TRACE",
+    "add_listener",
+    "failure_trace_path",
+    "listeners",
+    "log_event",
+    "log_phase",
+    "logger",
+    "remove_listener",
+    "report_failure",
+    "trace_paths",
+    "write_trace",
+]
 
 #: Under vLLM's logger tree: the lines use vLLM's handler, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.initpipe")
@@ -51,8 +62,14 @@ _LISTENERS: list[Callable[[Any], None]] = []
 def log_event(event: Any) -> None:
     """Log one trace event as a single line: phase, stage, duration, outcome."""
     kind = "" if event.kind == "stage" else f"{event.kind} "
-    logger.info("initpipe %-15s %s%-40s %9.3f ms %s", event.phase, kind, event.name,
-                event.duration * 1e3, event.outcome)
+    logger.info(
+        "initpipe %-15s %s%-40s %9.3f ms %s",
+        event.phase,
+        kind,
+        event.name,
+        event.duration * 1e3,
+        event.outcome,
+    )
 
 
 def add_listener(fn: Callable[[Any], None]) -> None:
@@ -87,14 +104,23 @@ def log_phase(run: Any, phase: str) -> None:
     # The phase's stage records are the last ones (listeners add none): read only those,
     # not the whole (possibly long) trace.
     count = len(run.pipeline.phase_order(phase))
-    durations = {e.name: e.duration for e in run.trace.tail(count)
-                 if e.kind == "stage" and e.phase == phase and e.outcome == "ok"}
+    durations = {
+        e.name: e.duration
+        for e in run.trace.tail(count)
+        if e.kind == "stage" and e.phase == phase and e.outcome == "ok"
+    }
     if not durations:
         return
     slowest = max(durations, key=durations.__getitem__)
-    logger.log(level, "initpipe %s phase: %d stages in %.3f ms (slowest: %s %.3f ms)", phase,
-               len(durations), sum(durations.values()) * 1e3, slowest,
-               durations[slowest] * 1e3)
+    logger.log(
+        level,
+        "initpipe %s phase: %d stages in %.3f ms (slowest: %s %.3f ms)",
+        phase,
+        len(durations),
+        sum(durations.values()) * 1e3,
+        slowest,
+        durations[slowest] * 1e3,
+    )
 
 
 def _with_suffix(path: Path, tag: str) -> Path:
@@ -125,8 +151,9 @@ def trace_paths(rank: int = 0, world_size: int = 1) -> tuple[Path, Path | None] 
     return path, _with_suffix(path, ".chrome")
 
 
-def write_trace(trace: Any, graph: Any,
-                paths: tuple[Path, Path | None]) -> tuple[Path, Path | None]:
+def write_trace(
+    trace: Any, graph: Any, paths: tuple[Path, Path | None]
+) -> tuple[Path, Path | None]:
     """Write the trace as initpipe JSON (with the critical path) and as a Chrome trace."""
     json_path, chrome_path = paths
     json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -146,8 +173,9 @@ def failure_trace_path(rank: int = 0, world_size: int = 1) -> Path:
     return private_dir() / f"failure-{os.getpid()}.json"
 
 
-def report_failure(err: Any, trace: Any, graph: Any, rank: int = 0,
-                   world_size: int = 1) -> Path | None:
+def report_failure(
+    err: Any, trace: Any, graph: Any, rank: int = 0, world_size: int = 1
+) -> Path | None:
     """Write the failure trace and log the last line naming the stage and completed ones.
 
     Returns the trace path, or None if it could not be written (the line is logged anyway).
@@ -157,11 +185,21 @@ def report_failure(err: Any, trace: Any, graph: Any, rank: int = 0,
         path = failure_trace_path(rank, world_size)
         trace.write_json(path, graph)
     except OSError as os_err:
-        logger.error("initpipe: could not write the failure trace to %s: %s",
-                     path or "the private folder", os_err)
+        logger.error(
+            "initpipe: could not write the failure trace to %s: %s",
+            path or "the private folder",
+            os_err,
+        )
         path = None
-    logger.error("initpipe: stage %r failed in phase %r: %s: %s; completed: %s; rolled back: "
-                 "%s; failure trace: %s", err.stage, err.phase, type(err.__cause__).__name__,
-                 err.__cause__, ", ".join(err.completed) or "none",
-                 ", ".join(err.rolled_back) or "nothing", path or "not written")
+    logger.error(
+        "initpipe: stage %r failed in phase %r: %s: %s; completed: %s; rolled back: "
+        "%s; failure trace: %s",
+        err.stage,
+        err.phase,
+        type(err.__cause__).__name__,
+        err.__cause__,
+        ", ".join(err.completed) or "none",
+        ", ".join(err.rolled_back) or "nothing",
+        path or "not written",
+    )
     return path

@@ -34,8 +34,8 @@ from initpipe import KV, PhaseOrderError, Pipeline, StageError
 from initpipe.testing import ENV_FAULT, inject_faults_from_env
 
 from ..errors import UnsupportedRunnerError
-from .progress import log_phase
 from ..types import InputBatchGeometry, RunnerSettings
+from .progress import log_phase
 
 __all__ = [
     "PipelinedRunnerMixin",
@@ -53,24 +53,38 @@ __all__ = [
 # -- reading the runner: the pipeline's external inputs -----------------------------------
 def start_inputs(runner: Any) -> dict[str, Any]:
     """The catalog's start inputs, read from a constructed runner."""
-    return {"vllm_config": runner.vllm_config, "device": runner.device,
-            "runner_settings": RunnerSettings.from_runner(runner),
-            "cudagraph_dispatcher": runner.cudagraph_dispatcher,
-            "drafter": getattr(runner, "drafter", None),
-            "jit_warmup_registry": getattr(runner, "jit_warmup_registry", None)}
+    return {
+        "vllm_config": runner.vllm_config,
+        "device": runner.device,
+        "runner_settings": RunnerSettings.from_runner(runner),
+        "cudagraph_dispatcher": runner.cudagraph_dispatcher,
+        "drafter": getattr(runner, "drafter", None),
+        "jit_warmup_registry": getattr(runner, "jit_warmup_registry", None),
+    }
 
 
-def kv_inputs(runner: Any, kv_cache_config: Any, is_profiling: bool = False,
-              kv_cache_allocation_context: Any = None) -> dict[str, Any]:
+def kv_inputs(
+    runner: Any,
+    kv_cache_config: Any,
+    is_profiling: bool = False,
+    kv_cache_allocation_context: Any = None,
+) -> dict[str, Any]:
     """The KV-phase inputs: the engine's config plus what vLLM settled since the start."""
     cache_config = runner.cache_config
-    layout = (cache_config.get_resolved_kv_cache_layout()
-              if cache_config.kv_cache_layout is not None else None)
-    return {"kv_cache_config": kv_cache_config, "is_profiling": is_profiling,
-            "kv_cache_allocation_context": kv_cache_allocation_context,
-            "kv_cache_layout": layout, "max_model_len": runner.max_model_len,
-            "current_input_batch": runner.input_batch,
-            "current_input_batch_geometry": InputBatchGeometry.from_runner(runner)}
+    layout = (
+        cache_config.get_resolved_kv_cache_layout()
+        if cache_config.kv_cache_layout is not None
+        else None
+    )
+    return {
+        "kv_cache_config": kv_cache_config,
+        "is_profiling": is_profiling,
+        "kv_cache_allocation_context": kv_cache_allocation_context,
+        "kv_cache_layout": layout,
+        "max_model_len": runner.max_model_len,
+        "current_input_batch": runner.input_batch,
+        "current_input_batch_geometry": InputBatchGeometry.from_runner(runner),
+    }
 
 
 # -- the adapter: the one place that writes onto the runner -------------------------------
@@ -86,7 +100,8 @@ def apply_kv_outputs(runner: Any, model: Mapping[str, Any], kv: Mapping[str, Any
     runner._mamba_state_copy_funcs = None
     runner.runner_only_attn_layers.update(model["runner_only_attn_layers"])
     runner.kv_sharing_fast_prefill_eligible_layers.update(
-        model["kv_sharing_fast_prefill_eligible_layers"])
+        model["kv_sharing_fast_prefill_eligible_layers"]
+    )
     runner.attn_groups[:] = kv["attn_groups"]
     runner._kernel_block_sizes = list(kv["kernel_block_sizes"])
     runner.reorder_batch_threshold = kv["reorder_batch_threshold"]
@@ -169,8 +184,9 @@ class PipelinedRunnerMixin:
     def _initpipe_start(self) -> Any:
         from .progress import listeners
 
-        run = self.initpipe_pipeline.start(listeners=listeners(), trace=self.initpipe_trace,
-                                           **start_inputs(self))
+        run = self.initpipe_pipeline.start(
+            listeners=listeners(), trace=self.initpipe_trace, **start_inputs(self)
+        )
         if os.environ.get(ENV_FAULT):  # tests reaching stages in spawned worker processes
             inject_faults_from_env(run)
         return run
@@ -180,8 +196,13 @@ class PipelinedRunnerMixin:
         from .progress import report_failure
 
         parallel = self.vllm_config.parallel_config  # type: ignore[attr-defined]
-        report_failure(err, self.initpipe_trace, self.initpipe_pipeline.graph,
-                       parallel.rank, parallel.world_size)
+        report_failure(
+            err,
+            self.initpipe_trace,
+            self.initpipe_pipeline.graph,
+            parallel.rank,
+            parallel.world_size,
+        )
 
     # model phase ------------------------------------------------------------------------
     def _initpipe_model_phase(self) -> Mapping[str, Any]:
@@ -193,16 +214,20 @@ class PipelinedRunnerMixin:
                 if block_size == self._initpipe_block_size:
                     return run.outputs
                 if run.completed(KV):
-                    msg = (f"cache_config.block_size changed from {self._initpipe_block_size} "
-                           f"to {block_size} while a KV cache is in place; call "
-                           f"_cleanup_profiling_kv_cache() first.")
+                    msg = (
+                        f"cache_config.block_size changed from {self._initpipe_block_size} "
+                        f"to {block_size} while a KV cache is in place; call "
+                        f"_cleanup_profiling_kv_cache() first."
+                    )
                     raise PhaseOrderError(msg)
                 run.close()
                 self.initpipe_run = run = self._initpipe_start()
             if getattr(self, "model", None) is None:
-                raise PhaseOrderError("load_model() must be called before get_kv_cache_spec() "
-                                      "or initialize_kv_cache(): the model phase reads the "
-                                      "loaded model.")
+                raise PhaseOrderError(
+                    "load_model() must be called before get_kv_cache_spec() "
+                    "or initialize_kv_cache(): the model phase reads the "
+                    "loaded model."
+                )
             try:
                 outputs = run.load(model=self.model)  # type: ignore[attr-defined]
             except StageError as err:
@@ -218,8 +243,12 @@ class PipelinedRunnerMixin:
         return dict(self._initpipe_model_phase()["kv_cache_spec"])
 
     # KV phase ---------------------------------------------------------------------------
-    def initialize_kv_cache(self, kv_cache_config: Any, is_profiling: bool = False,
-                            kv_cache_allocation_context: Any = None) -> None:
+    def initialize_kv_cache(
+        self,
+        kv_cache_config: Any,
+        is_profiling: bool = False,
+        kv_cache_allocation_context: Any = None,
+    ) -> None:
         """Run the KV phase; a KV phase already in place is torn down first."""
         with self._initpipe_lock:
             model = self._initpipe_model_phase()
@@ -280,8 +309,9 @@ def platform_runner_class() -> type:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
         return GPUModelRunner
-    raise UnsupportedRunnerError(f"no pipelined runner for platform "
-                                 f"{type(current_platform).__name__}")
+    raise UnsupportedRunnerError(
+        f"no pipelined runner for platform {type(current_platform).__name__}"
+    )
 
 
 def pipelined_runner_class(base: type | None = None) -> type:
@@ -296,8 +326,11 @@ def pipelined_runner_class(base: type | None = None) -> type:
 def _pipelined(base: type) -> type:
     name = f"Pipelined{base.__name__}"
     # Named after the stable re-export module, where pickling and qualname lookups go.
-    return type(name, (PipelinedRunnerMixin, base), {"__module__": "initpipe_vllm.runner",
-                                                      "__qualname__": name})
+    return type(
+        name,
+        (PipelinedRunnerMixin, base),
+        {"__module__": "initpipe_vllm.runner", "__qualname__": name},
+    )
 
 
 def __getattr__(name: str) -> Any:

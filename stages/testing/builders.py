@@ -16,8 +16,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MODELS", "build_runner", "ensure_distributed", "model_dir", "plan_kv_cache_config",
-           "tiny_vllm_config"]
+__all__ = [
+    "MODELS",
+    "build_runner",
+    "ensure_distributed",
+    "model_dir",
+    "plan_kv_cache_config",
+    "tiny_vllm_config",
+]
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
@@ -60,14 +66,24 @@ def ensure_distributed(vllm_config: Any) -> None:
     os.close(fd)
     os.unlink(path)
     with set_current_vllm_config(vllm_config):
-        init_distributed_environment(world_size=1, rank=0, local_rank=0,
-                                     distributed_init_method=f"file://{path}", backend="gloo")
+        init_distributed_environment(
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            distributed_init_method=f"file://{path}",
+            backend="gloo",
+        )
         ensure_model_parallel_initialized(1, 1)
     _DIST_READY = True
 
 
-def build_runner(vllm_config: Any, runner_cls: type | None = None, *,
-                 update_block_size: bool = True, **runner_kwargs: Any) -> Any:
+def build_runner(
+    vllm_config: Any,
+    runner_cls: type | None = None,
+    *,
+    update_block_size: bool = True,
+    **runner_kwargs: Any,
+) -> Any:
     """Construct and load a runner on the config's device, then fix the block size.
 
     Args:
@@ -85,8 +101,11 @@ def build_runner(vllm_config: Any, runner_cls: type | None = None, *,
 
     ensure_distributed(vllm_config)
     cls = runner_cls or platform_runner_class()
-    device = torch.device(vllm_config.device_config.device_type
-                          if current_platform.is_cpu() else current_platform.device_type)
+    device = torch.device(
+        vllm_config.device_config.device_type
+        if current_platform.is_cpu()
+        else current_platform.device_type
+    )
     with set_current_vllm_config(vllm_config):
         runner = cls(vllm_config, device, **runner_kwargs)
         runner.load_model()
@@ -95,8 +114,9 @@ def build_runner(vllm_config: Any, runner_cls: type | None = None, *,
     return runner
 
 
-def plan_kv_cache_config(runner: Any, memory: int = 8 << 20, *,
-                         num_blocks: int | None = None) -> Any:
+def plan_kv_cache_config(
+    runner: Any, memory: int = 8 << 20, *, num_blocks: int | None = None
+) -> Any:
     """The engine's steps 10-17 for one worker: specs, layout, the ``KVCacheConfig``.
 
     Calls ``runner.get_kv_cache_spec()`` (which, on a pipelined runner, runs the model
@@ -118,8 +138,8 @@ def plan_kv_cache_config(runner: Any, memory: int = 8 << 20, *,
         register_all_kvcache_specs(cfg)
         specs = runner.get_kv_cache_spec()
         if cfg.cache_config.kv_cache_layout is None:
-            supported = [l.name for l in get_supported_kv_cache_layouts(
-                get_current_attn_backends(cfg))]
+            backends = get_current_attn_backends(cfg)
+            supported = [kind.name for kind in get_supported_kv_cache_layouts(backends)]
             layout = resolve_kv_cache_layout(cfg, [supported], list(specs.values()))
             record_kv_cache_layout(cfg.cache_config, layout.name)
         saved = cfg.cache_config.num_gpu_blocks_override

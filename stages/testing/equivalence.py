@@ -38,13 +38,20 @@ def engine_kwargs(model_dir: str | Path, **overrides: Any) -> tuple[dict[str, An
     model_dir = Path(model_dir)
     opts_file = model_dir / "initpipe.json"
     text = opts_file.read_text() if opts_file.exists() else "{}"
-    if "{engine_tmp}" in text:   # a fresh folder per engine (e.g. a connector's storage)
+    if "{engine_tmp}" in text:  # a fresh folder per engine (e.g. a connector's storage)
         text = text.replace("{engine_tmp}", tempfile.mkdtemp(prefix="initpipe_engine_"))
     opts = json.loads(text)
     kwargs: dict[str, Any] = {
-        "model": str(model_dir), "load_format": "dummy", "skip_tokenizer_init": True,
-        "enforce_eager": True, "dtype": "float32", "max_model_len": 256, "max_num_seqs": 4,
-        "seed": 0, "kv_cache_memory_bytes": 8 << 20}
+        "model": str(model_dir),
+        "load_format": "dummy",
+        "skip_tokenizer_init": True,
+        "enforce_eager": True,
+        "dtype": "float32",
+        "max_model_len": 256,
+        "max_num_seqs": 4,
+        "seed": 0,
+        "kv_cache_memory_bytes": 8 << 20,
+    }
     kwargs.update(opts.get("llm_kwargs", {}))
     kwargs.update(overrides)
     return kwargs, opts
@@ -60,11 +67,14 @@ def _snapshot(worker: Any) -> dict[str, Any]:
 def _runner_meta(worker: Any) -> dict[str, Any]:
     runner = worker.model_runner
     run = getattr(runner, "initpipe_run", None)
-    return {"runner_class": type(runner).__name__,
-            "kv_generation": None if run is None else run.kv_generation,
-            "stages_completed": None if run is None else run.completed("kv_cache_config"),
-            "kv_connector_registered": (None if run is None
-                                        else run.outputs.get("kv_connector_registration"))}
+    return {
+        "runner_class": type(runner).__name__,
+        "kv_generation": None if run is None else run.kv_generation,
+        "stages_completed": None if run is None else run.completed("kv_cache_config"),
+        "kv_connector_registered": (
+            None if run is None else run.outputs.get("kv_connector_registration")
+        ),
+    }
 
 
 def _reinitialize(worker: Any) -> dict[str, Any]:
@@ -112,7 +122,9 @@ def _minimal_profiling_kv_cache(runner: Any) -> None:
     KVCacheSpecRegistry.check_kv_cache_spec_registry(spec)
     groups = get_kv_cache_groups(runner.vllm_config, spec)
     capture = runner.compilation_config.max_cudagraph_capture_size
-    min_blocks = min(runner.max_num_reqs, capture if capture is not None else runner.max_num_reqs) or 1
+    min_blocks = (
+        min(runner.max_num_reqs, capture if capture is not None else runner.max_num_reqs) or 1
+    )
     saved = runner.cache_config.num_gpu_blocks_override
     runner.cache_config.num_gpu_blocks_override = min_blocks
     try:
@@ -134,8 +146,9 @@ def _workload(llm: Any, task: str, prompts: list[list[int]]) -> list[Any]:
     return [list(o.outputs[0].token_ids) for o in llm.generate(tps, params, use_tqdm=False)]
 
 
-def run_engine(model_dir: str | Path, *, pipelined: bool, reinit: bool = True,
-               **overrides: Any) -> dict[str, Any]:
+def run_engine(
+    model_dir: str | Path, *, pipelined: bool, reinit: bool = True, **overrides: Any
+) -> dict[str, Any]:
     """Start one engine, run the workload and return outputs plus snapshots."""
     from vllm import LLM
 
@@ -164,8 +177,9 @@ def run_engine(model_dir: str | Path, *, pipelined: bool, reinit: bool = True,
         gc.collect()
 
 
-def compare_model(model_dir: str | Path, *, reinit: bool = True,
-                  **overrides: Any) -> dict[str, Any]:
+def compare_model(
+    model_dir: str | Path, *, reinit: bool = True, **overrides: Any
+) -> dict[str, Any]:
     """Run stock then pipelined on ``model_dir``; return ``{"equal", "diffs", ...}``."""
     from .snapshot import diff_snapshots
 
@@ -175,21 +189,37 @@ def compare_model(model_dir: str | Path, *, reinit: bool = True,
     diffs = diff_snapshots(stock, piped)
     if not meta["pipelined"]["runner_class"].startswith("Pipelined"):
         diffs.append(f"/meta: the pipelined engine ran {meta['pipelined']['runner_class']}")
-    return {"model": str(model_dir), "equal": not diffs, "diffs": diffs,
-            "outputs": stock.get("outputs_a"), "meta": meta, "stock": stock, "pipelined": piped}
+    return {
+        "model": str(model_dir),
+        "equal": not diffs,
+        "diffs": diffs,
+        "outputs": stock.get("outputs_a"),
+        "meta": meta,
+        "stock": stock,
+        "pipelined": piped,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     """Compare stock and pipelined vLLM on each ``--model``; exit 1 on any difference."""
-    parser = argparse.ArgumentParser(prog="python -m initpipe_vllm.equivalence",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--model", action="append", required=True,
-                        help="a local model folder (config.json); repeatable")
+    parser = argparse.ArgumentParser(
+        prog="python -m initpipe_vllm.equivalence", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        help="a local model folder (config.json); repeatable",
+    )
     parser.add_argument("--json", metavar="PATH", help="write the full report as JSON")
-    parser.add_argument("--no-reinit", action="store_true",
-                        help="skip the KV re-initialization pass")
-    parser.add_argument("--multiprocess", action="store_true",
-                        help="run the engine core and worker in separate processes")
+    parser.add_argument(
+        "--no-reinit", action="store_true", help="skip the KV re-initialization pass"
+    )
+    parser.add_argument(
+        "--multiprocess",
+        action="store_true",
+        help="run the engine core and worker in separate processes",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if args.multiprocess else "0"
@@ -201,11 +231,18 @@ def main(argv: list[str] | None = None) -> int:
         try:
             rep = compare_model(model, reinit=not args.no_reinit)
         except Exception as err:  # report and go on with the next model
-            rep = {"model": model, "equal": False, "error": f"{type(err).__name__}: {err}",
-                   "diffs": []}
+            rep = {
+                "model": model,
+                "equal": False,
+                "error": f"{type(err).__name__}: {err}",
+                "diffs": [],
+            }
         reports.append(rep)
-        status = "EQUAL" if rep["equal"] else ("ERROR " + rep["error"] if "error" in rep
-                                                else f"DIFFERENT ({len(rep['diffs'])})")
+        status = (
+            "EQUAL"
+            if rep["equal"]
+            else ("ERROR " + rep["error"] if "error" in rep else f"DIFFERENT ({len(rep['diffs'])})")
+        )
         print(f"{model}: {status}", flush=True)
         for line in rep["diffs"][:20]:
             print(f"  {line}", flush=True)

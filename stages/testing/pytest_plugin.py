@@ -46,8 +46,9 @@ class Prepared:
         return set_current_vllm_config(self.vllm_config)
 
 
-def prepare(model: str | os.PathLike[str], runner_cls: type | None = None,
-            **overrides: Any) -> Prepared:
+def prepare(
+    model: str | os.PathLike[str], runner_cls: type | None = None, **overrides: Any
+) -> Prepared:
     """Build a tiny real config, a loaded runner and its KV plan."""
     from .builders import build_runner, plan_kv_cache_config, tiny_vllm_config
 
@@ -58,15 +59,19 @@ def prepare(model: str | os.PathLike[str], runner_cls: type | None = None,
 
 def assert_stages_ran(run: Any, names: list[str], phase: str | None = None) -> None:
     """Fail unless every stage in ``names`` ran and completed (in that order) in ``run``."""
-    done = [e.name for e in run.trace.events
-            if e.kind == "stage" and e.outcome == "ok" and (phase is None or e.phase == phase)]
+    done = [
+        e.name
+        for e in run.trace.events
+        if e.kind == "stage" and e.outcome == "ok" and (phase is None or e.phase == phase)
+    ]
     missing = [n for n in names if n not in done]
     if missing:
         pytest.fail(f"stages did not complete: {missing}; completed: {done}")
     positions = [done.index(n) for n in names]
     if positions != sorted(positions):
-        pytest.fail(f"stages ran out of order: expected {names}, saw "
-                    f"{[done[p] for p in sorted(positions)]}")
+        pytest.fail(
+            f"stages ran out of order: expected {names}, saw {[done[p] for p in sorted(positions)]}"
+        )
 
 
 def assert_same_state(a: Any, b: Any, *, ignore: tuple[str, ...] = ()) -> None:
@@ -123,8 +128,10 @@ def run_stage() -> Callable[..., Any]:
         missing = [k for k in spec.inputs if k not in inputs]
         extra = [k for k in inputs if k not in spec.inputs]
         if missing or extra:
-            pytest.fail(f"stage {spec.name!r} takes {list(spec.inputs)}; missing {missing}, "
-                        f"unexpected {extra}")
+            pytest.fail(
+                f"stage {spec.name!r} takes {list(spec.inputs)}; missing {missing}, "
+                f"unexpected {extra}"
+            )
         return fn(**inputs)
 
     return _run
@@ -144,12 +151,14 @@ def run_with_stage(initpipe_model: str) -> Callable[..., Any]:
         from .. import base_catalog
         from ..hook.runner import pipelined_runner_class
 
-        pipeline = apply_extensions(base_catalog(), [Extension(name="under-test",
-                                                               add=stages)])
+        pipeline = apply_extensions(base_catalog(), [Extension(name="under-test", add=stages)])
         base = pipelined_runner_class()
         # The pipeline must be in place before planning: planning runs the model phase.
-        cls = type(base.__name__, (base,), {"initpipe_default_pipeline": pipeline,
-                                            "__module__": base.__module__})
+        cls = type(
+            base.__name__,
+            (base,),
+            {"initpipe_default_pipeline": pipeline, "__module__": base.__module__},
+        )
         prepared = prepare(model or initpipe_model, cls)
         runner = prepared.runner
         with prepared.current():
@@ -168,4 +177,3 @@ def runner_snapshot() -> Callable[..., dict[str, Any]]:
     from .snapshot import runner_snapshot as snap
 
     return snap
-

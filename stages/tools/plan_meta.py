@@ -17,8 +17,16 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["ASSUMED_CAPABILITY", "engine_config", "ensure_distributed", "meta_model",
-           "meta_runner", "needs_override", "platform_answers", "target_platform"]
+__all__ = [
+    "ASSUMED_CAPABILITY",
+    "engine_config",
+    "ensure_distributed",
+    "meta_model",
+    "meta_runner",
+    "needs_override",
+    "platform_answers",
+    "target_platform",
+]
 
 #: Compute capability assumed when validating a CUDA backend on a host without one.
 ASSUMED_CAPABILITY = (9, 0)
@@ -33,8 +41,9 @@ def engine_config(model_dir: str, backend: str | None, **overrides: Any) -> Any:
     from vllm.engine.arg_utils import EngineArgs
 
     given = {k: v for k, v in overrides.items() if v is not None}
-    args = EngineArgs(model=model_dir, load_format="dummy", skip_tokenizer_init=True,
-                      enforce_eager=True, **given)
+    args = EngineArgs(
+        model=model_dir, load_format="dummy", skip_tokenizer_init=True, enforce_eager=True, **given
+    )
     cfg = args.create_engine_config()
     if backend is not None:
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
@@ -56,8 +65,13 @@ def ensure_distributed() -> None:
         return
     if not dist.is_initialized():
         store = os.path.join(tempfile.mkdtemp(prefix="initpipe-plan-"), "store")
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method=f"file://{store}")
+        init_distributed_environment(
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            backend="gloo",
+            distributed_init_method=f"file://{store}",
+        )
     ensure_model_parallel_initialized(1, 1)
 
 
@@ -83,18 +97,23 @@ def platform_answers(backend: str | None) -> Iterator[None]:
     platform_cls = type(current_platform)
     original = platform_cls.__dict__["get_attn_backend_cls"]
 
-    def get_attn_backend_cls(cls: Any, selected_backend: Any, attn_selector_config: Any,
-                             num_heads: int | None = None) -> str:
+    def get_attn_backend_cls(
+        cls: Any, selected_backend: Any, attn_selector_config: Any, num_heads: int | None = None
+    ) -> str:
         if attn_selector_config.use_mla or attn_selector_config.use_sparse:
-            raise NotImplementedError(f"{backend} cannot serve MLA or sparse attention layers; "
-                                      f"plan this model without --backend (the running "
-                                      f"platform then picks its own MLA backend).")
+            raise NotImplementedError(
+                f"{backend} cannot serve MLA or sparse attention layers; "
+                f"plan this model without --backend (the running "
+                f"platform then picks its own MLA backend)."
+            )
         reasons = wanted.get_class().validate_configuration(
             device_capability=DeviceCapability(*ASSUMED_CAPABILITY),
-            **attn_selector_config._asdict())
+            **attn_selector_config._asdict(),
+        )
         if reasons:
-            raise ValueError(f"Selected backend {backend} is not valid for this "
-                             f"configuration. Reason: {reasons}")
+            raise ValueError(
+                f"Selected backend {backend} is not valid for this configuration. Reason: {reasons}"
+            )
         return wanted.get_path()
 
     selector._cached_get_attn_backend.cache_clear()
@@ -122,8 +141,11 @@ def meta_model(vllm_config: Any, backend: str | None) -> Any:
     from vllm.model_executor.model_loader.utils import initialize_model
     from vllm.utils.torch_utils import set_default_torch_dtype
 
-    with platform_answers(backend), set_default_torch_dtype(vllm_config.model_config.dtype), \
-            torch.device("meta"):
+    with (
+        platform_answers(backend),
+        set_default_torch_dtype(vllm_config.model_config.dtype),
+        torch.device("meta"),
+    ):
         return initialize_model(vllm_config)
 
 

@@ -38,8 +38,13 @@ if TYPE_CHECKING:
     from vllm.v1.attention.backend import AttentionBackend
     from vllm.v1.kv_cache_interface import KVCacheSpec
 
-__all__ = ["BlockSizeChoice", "PLAN_STAGES", "engine_kv_cache_config", "kv_cache_layout",
-           "planned_block_size"]
+__all__ = [
+    "PLAN_STAGES",
+    "BlockSizeChoice",
+    "engine_kv_cache_config",
+    "kv_cache_layout",
+    "planned_block_size",
+]
 
 
 @attrs.frozen(kw_only=True)
@@ -63,10 +68,15 @@ def _restore_block_size(choice: BlockSizeChoice, vllm_config: VllmConfig) -> Non
     vllm_config.cache_config.block_size = choice.previous
 
 
-@stage(needs="model", before=("kv_cache_spec",), teardown=_restore_block_size,
-       effects=("cache_config.block_size",))
-def planned_block_size(vllm_config: VllmConfig, target_platform: Any,
-                       attention_layers: Mapping[str, Any]) -> BlockSizeChoice:
+@stage(
+    needs="model",
+    before=("kv_cache_spec",),
+    teardown=_restore_block_size,
+    effects=("cache_config.block_size",),
+)
+def planned_block_size(
+    vllm_config: VllmConfig, target_platform: Any, attention_layers: Mapping[str, Any]
+) -> BlockSizeChoice:
     """Fix ``cache_config.block_size`` with the target platform's rules, before the specs.
 
     ``target_platform`` is a vLLM ``Platform`` class. When it is not the running platform
@@ -88,10 +98,15 @@ def planned_block_size(vllm_config: VllmConfig, target_platform: Any,
     except Exception:
         cache_config.block_size = previous
         raise
-    backends = dict.fromkeys(layer.get_attn_backend().get_name()
-                             for layer in attention_layers.values())
-    return BlockSizeChoice(block_size=cache_config.block_size, previous=previous,
-                           rules=target_platform.__name__, backends=tuple(backends))
+    backends = dict.fromkeys(
+        layer.get_attn_backend().get_name() for layer in attention_layers.values()
+    )
+    return BlockSizeChoice(
+        block_size=cache_config.block_size,
+        previous=previous,
+        rules=target_platform.__name__,
+        backends=tuple(backends),
+    )
 
 
 def _forget_layout(layout: Any, vllm_config: VllmConfig) -> None:
@@ -99,9 +114,11 @@ def _forget_layout(layout: Any, vllm_config: VllmConfig) -> None:
 
 
 @stage(needs="model", teardown=_forget_layout, effects=("cache_config.kv_cache_layout",))
-def kv_cache_layout(vllm_config: VllmConfig,
-                    attn_backends: Mapping[str, type[AttentionBackend]],
-                    kv_cache_spec: Mapping[str, KVCacheSpec]) -> Any:
+def kv_cache_layout(
+    vllm_config: VllmConfig,
+    attn_backends: Mapping[str, type[AttentionBackend]],
+    kv_cache_spec: Mapping[str, KVCacheSpec],
+) -> Any:
     """The engine's one ``KVCacheLayout`` for the model (vLLM's ``resolve_kv_cache_layout``).
 
     The layouts every backend supports (``supported_kv_cache_layouts``, or vLLM's default
@@ -120,11 +137,18 @@ def kv_cache_layout(vllm_config: VllmConfig,
     return resolve_kv_cache_layout(vllm_config, [supported], list(kv_cache_spec.values()))
 
 
-@stage(needs="kv_cache_config", provides=("kv_cache_config", "max_model_len"),
-       effects=("model_config.max_model_len (only when auto-fit, max_model_len=-1)",))
-def engine_kv_cache_config(vllm_config: VllmConfig, kv_cache_spec: Mapping[str, KVCacheSpec],
-                           kv_cache_layout: Any, num_blocks: int | None,
-                           kv_bytes: int | None) -> dict[str, Any]:
+@stage(
+    needs="kv_cache_config",
+    provides=("kv_cache_config", "max_model_len"),
+    effects=("model_config.max_model_len (only when auto-fit, max_model_len=-1)",),
+)
+def engine_kv_cache_config(
+    vllm_config: VllmConfig,
+    kv_cache_spec: Mapping[str, KVCacheSpec],
+    kv_cache_layout: Any,
+    num_blocks: int | None,
+    kv_bytes: int | None,
+) -> dict[str, Any]:
     """The engine's ``KVCacheConfig`` for ``num_blocks`` blocks or a ``kv_bytes`` budget.
 
     vLLM's ``get_kv_cache_configs`` for one worker, with ``num_gpu_blocks_override`` set
@@ -142,9 +166,11 @@ def engine_kv_cache_config(vllm_config: VllmConfig, kv_cache_spec: Mapping[str, 
     from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
 
     if (num_blocks is None) == (kv_bytes is None):
-        raise KVCacheConfigError("give exactly one of num_blocks and kv_bytes "
-                                 f"(got num_blocks={num_blocks}, kv_bytes={kv_bytes}).",
-                                 field="num_blocks")
+        raise KVCacheConfigError(
+            "give exactly one of num_blocks and kv_bytes "
+            f"(got num_blocks={num_blocks}, kv_bytes={kv_bytes}).",
+            field="num_blocks",
+        )
     value = num_blocks if num_blocks is not None else kv_bytes
     if value is None or value < 1:
         field = "num_blocks" if num_blocks is not None else "kv_bytes"
@@ -155,8 +181,9 @@ def engine_kv_cache_config(vllm_config: VllmConfig, kv_cache_spec: Mapping[str, 
     if num_blocks is not None:
         cache_config.num_gpu_blocks_override = num_blocks
     try:
-        (cfg,) = get_kv_cache_configs(vllm_config, [dict(kv_cache_spec)],
-                                      [kv_bytes if kv_bytes is not None else 0])
+        (cfg,) = get_kv_cache_configs(
+            vllm_config, [dict(kv_cache_spec)], [kv_bytes if kv_bytes is not None else 0]
+        )
     finally:
         cache_config.num_gpu_blocks_override = saved
     cfg.kv_cache_layout = getattr(kv_cache_layout, "name", kv_cache_layout)

@@ -45,12 +45,23 @@ def _summary(worker: Any) -> dict[str, Any]:
     for name, t in kv.items():
         key = t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
         alias = storages.setdefault(key, name)
-        layers.append({"layer": name, "shape": list(t.shape), "dtype": str(t.dtype),
-                       "bytes": t.numel() * t.element_size(),
-                       "shares_with": alias if alias != name else None})
+        layers.append(
+            {
+                "layer": name,
+                "shape": list(t.shape),
+                "dtype": str(t.dtype),
+                "bytes": t.numel() * t.element_size(),
+                "shares_with": alias if alias != name else None,
+            }
+        )
     events = [e.to_dict() for e in run.trace.events]
-    return {"events": events, "critical_path": run.critical_path(), "layers": layers,
-            "runner_class": type(runner).__name__, "num_blocks": runner.kv_cache_config.num_blocks}
+    return {
+        "events": events,
+        "critical_path": run.critical_path(),
+        "layers": layers,
+        "runner_class": type(runner).__name__,
+        "num_blocks": runner.kv_cache_config.num_blocks,
+    }
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
@@ -72,8 +83,10 @@ def _print_summary(summary: dict[str, Any]) -> None:
     for layer in summary["layers"]:
         share = f"  (shares {layer['shares_with']})" if layer["shares_with"] else ""
         counted += 0 if layer["shares_with"] else layer["bytes"]
-        _say(f"  {layer['layer']:44} {str(tuple(layer['shape'])):22} {layer['dtype']:14} "
-             f"{layer['bytes']:>12,} B{share}")
+        _say(
+            f"  {layer['layer']:44} {tuple(layer['shape'])!s:22} {layer['dtype']:14} "
+            f"{layer['bytes']:>12,} B{share}"
+        )
     _say(f"  total (distinct)  {counted:,} B")
 
 
@@ -105,17 +118,38 @@ def _observe(llm: Any, task: str) -> dict[str, Any]:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="initpipe run", description=__doc__.splitlines()[0])
-    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, metavar="DIR",
-                   help="a local model folder with config.json (default: the embedded tiny "
-                        "Llama); dummy weights are used")
-    p.add_argument("--trace", type=Path, metavar="FILE",
-                   help="write the trace (JSON) to FILE and a Chrome trace beside it")
-    p.add_argument("--compare-stock", action="store_true",
-                   help="also run stock vLLM; exit 1 unless tokens and runner state match")
-    p.add_argument("--kv-bytes", type=int, default=8 << 20, metavar="B",
-                   help="KV cache size in bytes (default: 8 MiB)")
-    p.add_argument("-v", "--verbose", action="store_true",
-                   help="keep vLLM's own INFO log lines (default: warnings only)")
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=DEFAULT_MODEL,
+        metavar="DIR",
+        help="a local model folder with config.json (default: the embedded tiny "
+        "Llama); dummy weights are used",
+    )
+    p.add_argument(
+        "--trace",
+        type=Path,
+        metavar="FILE",
+        help="write the trace (JSON) to FILE and a Chrome trace beside it",
+    )
+    p.add_argument(
+        "--compare-stock",
+        action="store_true",
+        help="also run stock vLLM; exit 1 unless tokens and runner state match",
+    )
+    p.add_argument(
+        "--kv-bytes",
+        type=int,
+        default=8 << 20,
+        metavar="B",
+        help="KV cache size in bytes (default: 8 MiB)",
+    )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="keep vLLM's own INFO log lines (default: warnings only)",
+    )
     return p
 
 
@@ -176,8 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         for line in diffs[:40]:
             _say(f"  {line}")
         return 1
-    _say("SAME as stock vLLM: tokens, runner snapshot at init and after the workload "
-         f"({len(json.dumps(stock['init']))} bytes of state compared)")
+    _say(
+        "SAME as stock vLLM: tokens, runner snapshot at init and after the workload "
+        f"({len(json.dumps(stock['init']))} bytes of state compared)"
+    )
     return 0
 
 

@@ -34,9 +34,25 @@ EXPECTED = [
 
 def test_vllm_benchmarks_run_and_report_every_figure(tmp_path: Path) -> None:
     env = {**os.environ, "VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu")}
-    res = subprocess.run([sys.executable, "-m", "benchmarks", "--smoke", "--only", "engine",
-                          "kv", "alloc", "--out", str(tmp_path)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks",
+            "--smoke",
+            "--only",
+            "engine",
+            "kv",
+            "alloc",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     data = json.loads((tmp_path / "benchmarks.json").read_text())
     assert data["errors"] == {}

@@ -7,14 +7,29 @@ import shutil
 import pytest
 
 #: Durations for cli_toys.mini_vllm chosen so the critical path is unambiguous.
-MINI_DURATIONS = {"attn_layers": 0.1, "attn_backends": 0.05, "kv_cache_spec": 0.5,
-                  "cudagraph": 0.01, "kv_caches": 1.2, "metadata_builders": 0.02,
-                  "warm_up": 0.3}
+MINI_DURATIONS = {
+    "attn_layers": 0.1,
+    "attn_backends": 0.05,
+    "kv_cache_spec": 0.5,
+    "cudagraph": 0.01,
+    "kv_caches": 1.2,
+    "metadata_builders": 0.02,
+    "warm_up": 0.3,
+}
 MINI_CRITICAL = ["attn_layers", "kv_cache_spec", "kv_caches", "metadata_builders", "warm_up"]
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                  "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--enable-logging=stderr",
-                  "--v=0", "--window-size=1400,1000"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--enable-logging=stderr",
+    "--v=0",
+    "--window-size=1400,1000",
+]
 
 
 def console_messages(stderr: str) -> list[str]:
@@ -22,5 +37,6 @@ def console_messages(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
 
 
-needs_dot = pytest.mark.skipif(shutil.which("dot") is None,
-                               reason="Graphviz dot is not installed (apt-get install graphviz)")
+needs_dot = pytest.mark.skipif(
+    shutil.which("dot") is None, reason="Graphviz dot is not installed (apt-get install graphviz)"
+)

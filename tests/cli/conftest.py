@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from cli_support import CHROMIUM_FLAGS, MINI_DURATIONS
 
 # The toy stage modules (package ``cli_toys``) import from here: in-process through pytest's
@@ -31,8 +30,18 @@ def trace_file(tmp_path: Path) -> Path:
 
     def add(name: str, phase: str, kind: str, dur: float, gen: int = 0) -> None:
         nonlocal t
-        events.append({"name": name, "phase": phase, "kind": kind, "start": t,
-                       "duration": dur, "outcome": "ok", "generation": gen, "error": None})
+        events.append(
+            {
+                "name": name,
+                "phase": phase,
+                "kind": kind,
+                "start": t,
+                "duration": dur,
+                "outcome": "ok",
+                "generation": gen,
+                "error": None,
+            }
+        )
         t += dur
 
     add("load_weights", "vllm", "span", 2.0)
@@ -56,13 +65,20 @@ def cli_env() -> dict[str, str]:
 
 
 @pytest.fixture
-def run_cli(cli_env: dict[str, str],
-            tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+def run_cli(
+    cli_env: dict[str, str], tmp_path: Path
+) -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run ``initpipe ARGS`` in a fresh interpreter; return the completed process (text)."""
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "initpipe.cli", *args], env=cli_env,
-                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "initpipe.cli", *args],
+            env=cli_env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     return run
 
@@ -76,7 +92,12 @@ def chromium(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     profile = tmp_path / "chromium-profile"
 
     def open_(url: str, *flags: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *flags, url],
-                              capture_output=True, text=True, timeout=90, cwd=tmp_path)
+        return subprocess.run(
+            [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *flags, url],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            cwd=tmp_path,
+        )
 
     return open_

@@ -33,8 +33,9 @@ def test_bad_flag_says_error_and_exits_2(capsys: pytest.CaptureFixture[str]) -> 
     assert "Error: argument -f/--format: invalid choice: 'gif'" in capsys.readouterr().err
 
 
-def test_adding_a_subcommand_is_one_function(monkeypatch: pytest.MonkeyPatch,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_adding_a_subcommand_is_one_function(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A function appended to COMMANDS is dispatched, and its UsageError exits 2."""
     seen: list[argparse.Namespace] = []
 
@@ -59,6 +60,15 @@ def test_adding_a_subcommand_is_one_function(monkeypatch: pytest.MonkeyPatch,
 def test_graph_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["graph", "--help"]) == 0
     out = capsys.readouterr().out
-    for flag in ("--format", "--output", "--phase", "--focus", "--check", "--trace", "--blame",
-                 "--diff", "TARGET"):
+    for flag in (
+        "--format",
+        "--output",
+        "--phase",
+        "--focus",
+        "--check",
+        "--trace",
+        "--blame",
+        "--diff",
+        "TARGET",
+    ):
         assert flag in out

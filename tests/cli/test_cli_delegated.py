@@ -1,4 +1,5 @@
 """`initpipe plan` is dispatched to initpipe_vllm.tools.plan with its own flags."""
+
 import subprocess
 import sys
 
@@ -12,9 +13,21 @@ def test_plan_help_is_the_plan_tools_own(capsys):
 
 
 def test_plan_usage_error_exits_2_through_the_console_script(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "initpipe.cli", "plan", "--model",
-                          str(tmp_path / "nope"), "--num-blocks", "8"],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "initpipe.cli",
+            "plan",
+            "--model",
+            str(tmp_path / "nope"),
+            "--num-blocks",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2
     assert res.stderr.strip().splitlines()[-1].startswith("Error: ")
     assert "nope" in res.stderr

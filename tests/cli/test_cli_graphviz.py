@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from cli_support import needs_dot
 
+from initpipe.cli import main
 from initpipe.errors import GraphvizError
 from initpipe.view.graphviz import graphviz
-from initpipe.cli import main
 
 MINI = "cli_toys.mini_vllm"
 
@@ -23,8 +23,17 @@ def test_svg_has_one_node_per_stage(tmp_path: Path, capsys: pytest.CaptureFixtur
     svg = out.read_text()
     assert svg.lstrip().startswith("<?xml") and "</svg>" in svg
     ids = re.findall(r'<g id="stage&#45;(\w+)" class="node"', svg)
-    assert sorted(ids) == sorted(["attn_layers", "attn_backends", "kv_cache_spec", "cudagraph",
-                                  "kv_caches", "metadata_builders", "warm_up"])
+    assert sorted(ids) == sorted(
+        [
+            "attn_layers",
+            "attn_backends",
+            "kv_cache_spec",
+            "cudagraph",
+            "kv_caches",
+            "metadata_builders",
+            "warm_up",
+        ]
+    )
     assert "model phase" in svg and "kv_cache_config phase" in svg
 
 
@@ -39,11 +48,12 @@ def test_png_is_a_png(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("fmt", ["svg", "png", "html"])
 def test_missing_dot_gives_the_install_command(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        fmt: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], fmt: str
+) -> None:
     real_which = shutil.which
-    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "dot"
-                        else real_which(name, *a, **k))
+    monkeypatch.setattr(
+        shutil, "which", lambda name, *a, **k: None if name == "dot" else real_which(name, *a, **k)
+    )
     out = tmp_path / f"g.{fmt}"
     assert main(["graph", MINI, "-f", fmt, "-o", str(out)]) == 2
     err = capsys.readouterr().err

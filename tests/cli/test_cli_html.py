@@ -12,8 +12,8 @@ from subprocess import CompletedProcess
 
 from cli_support import MINI_CRITICAL, console_messages, needs_dot
 
-from initpipe.view.html import render_html
 from initpipe.cli import main
+from initpipe.view.html import render_html
 
 MINI = "cli_toys.mini_vllm"
 Browser = Callable[..., CompletedProcess[str]]
@@ -31,28 +31,43 @@ def _png_colours(path: Path) -> int:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     pos, idat, width = 8, b"", 0
     while pos < len(data):
-        (length,), kind = struct.unpack(">I", data[pos:pos + 4]), data[pos + 4:pos + 8]
+        (length,), kind = struct.unpack(">I", data[pos : pos + 4]), data[pos + 4 : pos + 8]
         if kind == b"IHDR":
-            width = struct.unpack(">I", data[pos + 8:pos + 12])[0]
+            width = struct.unpack(">I", data[pos + 8 : pos + 12])[0]
         if kind == b"IDAT":
-            idat += data[pos + 8:pos + 8 + length]
+            idat += data[pos + 8 : pos + 8 + length]
         pos += 12 + length
     raw = zlib.decompress(idat)
     # Unfiltered bytes are not exact pixels, but a blank page gives only a handful of values.
-    return len({raw[i:i + 3] for i in range(0, min(len(raw), 400 * width * 4), 3)})
+    return len({raw[i : i + 3] for i in range(0, min(len(raw), 400 * width * 4), 3)})
 
 
 def test_page_is_self_contained(tmp_path: Path) -> None:
-    html = render_html({"name": "t", "stages": [], "edges": [], "order": [], "inputs": {}},
-                       "<svg></svg>")
+    html = render_html(
+        {"name": "t", "stages": [], "edges": [], "order": [], "inputs": {}}, "<svg></svg>"
+    )
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", html)
     assert "<link" not in html and "@import" not in html
 
 
 def test_embedded_data_cannot_close_the_script_element() -> None:
-    view = {"name": "t", "inputs": {}, "order": ["s"], "edges": [], "stages": [
-        {"name": "s", "phase": "model", "inputs": [], "outputs": ["s"], "effects": [],
-         "module": "m", "doc": "</script><script>alert(1)</script>"}]}
+    view = {
+        "name": "t",
+        "inputs": {},
+        "order": ["s"],
+        "edges": [],
+        "stages": [
+            {
+                "name": "s",
+                "phase": "model",
+                "inputs": [],
+                "outputs": ["s"],
+                "effects": [],
+                "module": "m",
+                "doc": "</script><script>alert(1)</script>",
+            }
+        ],
+    }
     html = render_html(view, "<svg></svg>")
     data = html.split('id="initpipe-data">', 1)[1].split("</script>", 1)[0]
     assert json.loads(data)["stages"][0]["doc"] == "</script><script>alert(1)</script>"
@@ -60,8 +75,9 @@ def test_embedded_data_cannot_close_the_script_element() -> None:
 
 
 @needs_dot
-def test_chromium_renders_every_stage_without_console_errors(tmp_path: Path,
-                                                             chromium: Browser) -> None:
+def test_chromium_renders_every_stage_without_console_errors(
+    tmp_path: Path, chromium: Browser
+) -> None:
     page = _page(tmp_path)
     shot = tmp_path / "shot.png"
     res = chromium(page.as_uri(), f"--screenshot={shot}")
@@ -79,8 +95,9 @@ def test_chromium_renders_every_stage_without_console_errors(tmp_path: Path,
 
 
 @needs_dot
-def test_selecting_a_stage_shows_its_inputs_outputs_and_doc(tmp_path: Path,
-                                                           chromium: Browser) -> None:
+def test_selecting_a_stage_shows_its_inputs_outputs_and_doc(
+    tmp_path: Path, chromium: Browser
+) -> None:
     page = _page(tmp_path)
     res = chromium(page.as_uri() + "#stage=kv_cache_spec", "--dump-dom")
     assert console_messages(res.stderr) == []
@@ -90,7 +107,7 @@ def test_selecting_a_stage_shows_its_inputs_outputs_and_doc(tmp_path: Path,
     assert "attn_layers" in panel and "vllm_config  (pipeline input: start)" in panel
     assert "kv_cache_spec  → cudagraph, kv_caches" in panel
     assert "shared_kv_cache_layers" in panel
-    assert "Build each layer's KV cache spec &lt;and&gt; \"record\" shared layers." in panel
+    assert 'Build each layer\'s KV cache spec &lt;and&gt; "record" shared layers.' in panel
     # the lineage is highlighted, the unrelated branch dimmed
     assert re.search(r'<g id="stage-kv_cache_spec" class="node[^"]*\bselected\b', res.stdout)
     assert re.search(r'<g id="stage-attn_backends" class="node"', res.stdout)
@@ -98,8 +115,9 @@ def test_selecting_a_stage_shows_its_inputs_outputs_and_doc(tmp_path: Path,
 
 
 @needs_dot
-def test_trace_page_marks_the_critical_path(tmp_path: Path, chromium: Browser,
-                                            trace_file: Path) -> None:
+def test_trace_page_marks_the_critical_path(
+    tmp_path: Path, chromium: Browser, trace_file: Path
+) -> None:
     page = _page(tmp_path, "--trace", str(trace_file))
     text = page.read_text()
     assert "critical path</span> " + " → ".join(MINI_CRITICAL) in text

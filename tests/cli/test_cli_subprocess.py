@@ -18,9 +18,15 @@ MINI = "cli_toys.mini_vllm"
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
 
-@pytest.mark.parametrize(("fmt", "marker"), [
-    ("text", "pipeline 'cli_toys.mini_vllm': 7 stages"), ("mermaid", "flowchart TD"),
-    ("dot", 'digraph "cli_toys.mini_vllm"'), ("json", '"order": [')])
+@pytest.mark.parametrize(
+    ("fmt", "marker"),
+    [
+        ("text", "pipeline 'cli_toys.mini_vllm': 7 stages"),
+        ("mermaid", "flowchart TD"),
+        ("dot", 'digraph "cli_toys.mini_vllm"'),
+        ("json", '"order": ['),
+    ],
+)
 def test_text_formats_on_stdout(run_cli: Run, fmt: str, marker: str) -> None:
     res = run_cli("graph", MINI, "--format", fmt)
     assert (res.returncode, res.stderr) == (0, "")
@@ -28,8 +34,9 @@ def test_text_formats_on_stdout(run_cli: Run, fmt: str, marker: str) -> None:
 
 
 @needs_dot
-@pytest.mark.parametrize(("fmt", "head"), [("svg", b"<?xml"), ("png", b"\x89PNG"),
-                                           ("html", b"<!DOCTYPE html>")])
+@pytest.mark.parametrize(
+    ("fmt", "head"), [("svg", b"<?xml"), ("png", b"\x89PNG"), ("html", b"<!DOCTYPE html>")]
+)
 def test_drawn_formats_to_a_file(run_cli: Run, tmp_path: Path, fmt: str, head: bytes) -> None:
     out = tmp_path / f"graph.{fmt}"
     res = run_cli("graph", MINI, "-o", str(out))
@@ -39,8 +46,12 @@ def test_drawn_formats_to_a_file(run_cli: Run, tmp_path: Path, fmt: str, head: b
 
 @needs_dot
 def test_png_to_a_pipe(run_cli: Run, cli_env: dict[str, str]) -> None:
-    res = subprocess.run([sys.executable, "-m", "initpipe.cli", "graph", MINI, "-f", "png"],
-                         env=cli_env, capture_output=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "initpipe.cli", "graph", MINI, "-f", "png"],
+        env=cli_env,
+        capture_output=True,
+        timeout=60,
+    )
     assert res.returncode == 0
     assert res.stdout.startswith(b"\x89PNG")
 
@@ -53,9 +64,16 @@ def test_check_exit_codes(run_cli: Run) -> None:
     assert bad.stdout.startswith("invalid pipeline 'cli_toys.broken': 4 problems")
 
 
-@pytest.mark.parametrize("argv", [
-    ["graph", "no_such_module_xyz"], ["graph", MINI, "--focus", "nope"],
-    ["graph", MINI, "--phase", "kv"], ["graph", MINI, "--bogus"], ["nope"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["graph", "no_such_module_xyz"],
+        ["graph", MINI, "--focus", "nope"],
+        ["graph", MINI, "--phase", "kv"],
+        ["graph", MINI, "--bogus"],
+        ["nope"],
+    ],
+)
 def test_usage_errors_exit_2_with_error_on_stderr(run_cli: Run, argv: list[str]) -> None:
     res = run_cli(*argv)
     assert (res.returncode, res.stdout) == (2, "")
@@ -65,8 +83,12 @@ def test_usage_errors_exit_2_with_error_on_stderr(run_cli: Run, argv: list[str])
 
 def test_filters_trace_and_blame(run_cli: Run, trace_file: Path) -> None:
     res = run_cli("graph", MINI, "--phase", "model", "--focus", "cudagraph", "-f", "json")
-    assert json.loads(res.stdout)["order"] == ["attn_layers", "attn_backends", "kv_cache_spec",
-                                               "cudagraph"]
+    assert json.loads(res.stdout)["order"] == [
+        "attn_layers",
+        "attn_backends",
+        "kv_cache_spec",
+        "cudagraph",
+    ]
     res = run_cli("graph", MINI, "--trace", str(trace_file), "-f", "json")
     assert json.loads(res.stdout)["critical_path"] == MINI_CRITICAL
     res = run_cli("graph", MINI, "--trace", str(trace_file), "--blame")
@@ -87,28 +109,43 @@ def test_console_script_is_installed(cli_env: dict[str, str]) -> None:
     exe = shutil.which("initpipe", path=os.path.dirname(sys.executable))
     if exe is None:
         pytest.skip("the initpipe console script is not installed (pip install -e .)")
-    res = subprocess.run([exe, "graph", "cli_toys.linear", "--check"], env=cli_env,
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [exe, "graph", "cli_toys.linear", "--check"],
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0
-    assert res.stdout == ("OK: pipeline 'cli_toys.linear' is valid: 3 stages "
-                          "(model: 2, kv_cache_config: 1), 2 edges\n")
+    assert res.stdout == (
+        "OK: pipeline 'cli_toys.linear' is valid: 3 stages "
+        "(model: 2, kv_cache_config: 1), 2 edges\n"
+    )
 
 
 def test_output_does_not_depend_on_the_hash_seed(run_cli: Run, cli_env: dict[str, str]) -> None:
     outs = []
     for seed in ("0", "12345"):
         env = {**cli_env, "PYTHONHASHSEED": seed}
-        res = subprocess.run([sys.executable, "-m", "initpipe.cli", "graph", MINI, "-f", "dot"],
-                             env=env, capture_output=True, text=True, timeout=60)
+        res = subprocess.run(
+            [sys.executable, "-m", "initpipe.cli", "graph", MINI, "-f", "dot"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         outs.append(res.stdout)
     assert outs[0] == outs[1] and outs[0]
 
 
 def _imported_heavy(cli_env: dict[str, str], argv: list[str]) -> list[str]:
-    code = ("import sys; from initpipe.cli import main; rc = main(%r); "
-            "print(rc, [m for m in ('torch', 'vllm') if m in sys.modules])" % argv)
-    res = subprocess.run([sys.executable, "-c", code], env=cli_env, capture_output=True,
-                         text=True, timeout=60)
+    code = (
+        f"import sys; from initpipe.cli import main; rc = main({argv!r}); "
+        "print(rc, [m for m in ('torch', 'vllm') if m in sys.modules])"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], env=cli_env, capture_output=True, text=True, timeout=60
+    )
     rc, _, mods = res.stdout.strip().splitlines()[-1].partition(" ")
     assert rc == "0", res.stderr
     return json.loads(mods.replace("'", '"'))

@@ -38,15 +38,21 @@ def test_default_target_is_the_vllm_catalog_with_enabled_extensions(monkeypatch)
     assert all(s.package is None for s in pipeline.specs.values())
 
 
-@pytest.mark.parametrize(("target", "match"), [
-    ("no_such_module_xyz", "no module named 'no_such_module_xyz'"),
-    ("cli_toys.needs_missing_dep", "needs 'initpipe_no_such_dependency', which is not installed"),
-    ("cli_toys.empty", "declares no stages"),
-    ("cli_toys.pipelines:PIPELNE", "has no attribute 'PIPELNE'. Did you mean 'PIPELINE'"),
-    ("cli_toys.pipelines:NOT_A_PIPELINE", "is of type int; expected a Pipeline"),
-    ("cli_toys.pipelines:", "bad target"),
-    (":PIPELINE", "bad target"),
-])
+@pytest.mark.parametrize(
+    ("target", "match"),
+    [
+        ("no_such_module_xyz", "no module named 'no_such_module_xyz'"),
+        (
+            "cli_toys.needs_missing_dep",
+            "needs 'initpipe_no_such_dependency', which is not installed",
+        ),
+        ("cli_toys.empty", "declares no stages"),
+        ("cli_toys.pipelines:PIPELNE", "has no attribute 'PIPELNE'. Did you mean 'PIPELINE'"),
+        ("cli_toys.pipelines:NOT_A_PIPELINE", "is of type int; expected a Pipeline"),
+        ("cli_toys.pipelines:", "bad target"),
+        (":PIPELINE", "bad target"),
+    ],
+)
 def test_bad_targets_raise_target_error(target: str, match: str) -> None:
     with pytest.raises(TargetError, match=match):
         load_pipeline(target)
@@ -56,8 +62,12 @@ def test_invalid_pipeline_raises_with_every_problem() -> None:
     with pytest.raises(PipelineValidationError) as info:
         load_pipeline("cli_toys.broken")
     kinds = sorted(type(p).__name__ for p in info.value.problems)
-    assert kinds == ["CycleError", "DuplicateProducerError", "MissingInputError",
-                     "PhaseViolationError"]
+    assert kinds == [
+        "CycleError",
+        "DuplicateProducerError",
+        "MissingInputError",
+        "PhaseViolationError",
+    ]
 
 
 def test_malformed_stage_surfaces_its_declaration_error() -> None:

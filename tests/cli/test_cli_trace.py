@@ -20,8 +20,9 @@ def graph(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str
     return code, out, err
 
 
-def test_json_carries_durations_and_the_critical_path(capsys: pytest.CaptureFixture[str],
-                                                      trace_file: Path) -> None:
+def test_json_carries_durations_and_the_critical_path(
+    capsys: pytest.CaptureFixture[str], trace_file: Path
+) -> None:
     code, out, _ = graph(capsys, MINI, "--trace", str(trace_file), "-f", "json")
     data = json.loads(out)
     assert code == 0
@@ -31,21 +32,27 @@ def test_json_carries_durations_and_the_critical_path(capsys: pytest.CaptureFixt
     assert data["total"] == pytest.approx(sum(MINI_DURATIONS.values()))
 
 
-def test_text_shows_durations_and_stars_the_critical_path(capsys: pytest.CaptureFixture[str],
-                                                          trace_file: Path) -> None:
+def test_text_shows_durations_and_stars_the_critical_path(
+    capsys: pytest.CaptureFixture[str], trace_file: Path
+) -> None:
     code, out, _ = graph(capsys, MINI, "--trace", str(trace_file))
     assert code == 0
-    rows = {ln.split()[3 if ln.startswith(" *") else 2]: ln for ln in out.splitlines()
-            if ". " in ln and "->" in ln}
+    rows = {
+        ln.split()[3 if ln.startswith(" *") else 2]: ln
+        for ln in out.splitlines()
+        if ". " in ln and "->" in ln
+    }
     assert rows["kv_caches"].startswith(" *  5.    1.200s kv_caches")
     assert rows["attn_backends"].startswith("    2.    50.0ms attn_backends")
     assert {n for n, ln in rows.items() if ln.startswith(" *")} == set(MINI_CRITICAL)
-    assert out.splitlines()[-1] == ("critical path (*): " + " -> ".join(MINI_CRITICAL)
-                                    + " = 2.120s of 2.180s total stage time")
+    assert out.splitlines()[-1] == (
+        "critical path (*): " + " -> ".join(MINI_CRITICAL) + " = 2.120s of 2.180s total stage time"
+    )
 
 
-def test_dot_and_mermaid_highlight_the_critical_path(capsys: pytest.CaptureFixture[str],
-                                                     trace_file: Path) -> None:
+def test_dot_and_mermaid_highlight_the_critical_path(
+    capsys: pytest.CaptureFixture[str], trace_file: Path
+) -> None:
     _, dot, _ = graph(capsys, MINI, "--trace", str(trace_file), "-f", "dot")
     assert '"kv_caches" [label="kv_caches\\n1.200s"' in dot
     assert 'color="#dc2626", penwidth="3"' in dot.split('"kv_caches" [', 1)[1].split("\n")[0]
@@ -54,13 +61,15 @@ def test_dot_and_mermaid_highlight_the_critical_path(capsys: pytest.CaptureFixtu
     assert 'color="#dc2626"' in crit_edge
     _, mm, _ = graph(capsys, MINI, "--trace", str(trace_file), "-f", "mermaid")
     assert 'n_kv_caches["kv_caches<br/>1.200s"]' in mm
-    assert ("  class n_attn_layers,n_kv_cache_spec,n_kv_caches,n_metadata_builders,n_warm_up "
-            "critical") in mm
+    assert (
+        "  class n_attn_layers,n_kv_cache_spec,n_kv_caches,n_metadata_builders,n_warm_up critical"
+    ) in mm
     assert "  linkStyle " in mm
 
 
 def test_blame_sorts_by_self_time_then_prints_the_critical_chain(
-        capsys: pytest.CaptureFixture[str], trace_file: Path) -> None:
+    capsys: pytest.CaptureFixture[str], trace_file: Path
+) -> None:
     code, out, _ = graph(capsys, MINI, "--trace", str(trace_file), "--blame")
     assert code == 0
     blame_block, chain_block = out.split("\n\n")
@@ -78,13 +87,17 @@ def test_blame_json(capsys: pytest.CaptureFixture[str], trace_file: Path) -> Non
     code, out, _ = graph(capsys, MINI, "--trace", str(trace_file), "--blame", "-f", "json")
     data = json.loads(out)
     assert code == 0
-    assert data["blame"][0] == {"name": "kv_caches", "phase": "kv_cache_config",
-                                "duration": pytest.approx(1.2)}
+    assert data["blame"][0] == {
+        "name": "kv_caches",
+        "phase": "kv_cache_config",
+        "duration": pytest.approx(1.2),
+    }
     assert [c["name"] for c in data["critical_path"]] == MINI_CRITICAL
 
 
-def test_phase_filter_applies_to_the_blame(capsys: pytest.CaptureFixture[str],
-                                           trace_file: Path) -> None:
+def test_phase_filter_applies_to_the_blame(
+    capsys: pytest.CaptureFixture[str], trace_file: Path
+) -> None:
     _, out, _ = graph(capsys, MINI, "--trace", str(trace_file), "--blame", "--phase", "model")
     names = [ln.split()[1] for ln in out.split("\n\n")[0].splitlines()]
     assert names == ["kv_cache_spec", "attn_layers", "attn_backends", "cudagraph"]
@@ -104,8 +117,9 @@ def test_a_real_run_s_trace_is_accepted(capsys: pytest.CaptureFixture[str], tmp_
     assert data["critical_path"][-1] == "warm_up"
 
 
-def test_stages_missing_from_the_pipeline_are_noted(capsys: pytest.CaptureFixture[str],
-                                                    trace_file: Path, tmp_path: Path) -> None:
+def test_stages_missing_from_the_pipeline_are_noted(
+    capsys: pytest.CaptureFixture[str], trace_file: Path, tmp_path: Path
+) -> None:
     data = json.loads(trace_file.read_text())
     data["events"].append({**data["events"][1], "name": "ghost_stage"})
     path = tmp_path / "t.json"
@@ -115,13 +129,17 @@ def test_stages_missing_from_the_pipeline_are_noted(capsys: pytest.CaptureFixtur
     assert err == "note: the trace has stages this pipeline lacks (ignored): ghost_stage\n"
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    (None, "Error: cannot read trace"),
-    ("not json", "Error: cannot read trace"),
-    ('{"version": 1}', "is not an initpipe trace"),
-])
-def test_bad_trace_files_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                content: str | None, message: str) -> None:
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "Error: cannot read trace"),
+        ("not json", "Error: cannot read trace"),
+        ('{"version": 1}', "is not an initpipe trace"),
+    ],
+)
+def test_bad_trace_files_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str | None, message: str
+) -> None:
     path = tmp_path / "trace.json"
     if content is not None:
         path.write_text(content)

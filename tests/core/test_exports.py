@@ -1,4 +1,5 @@
 """The public surface is exactly ``__all__``, and the core stays free of torch/vllm."""
+
 import subprocess
 import sys
 
@@ -14,10 +15,12 @@ def test_all_matches_public_names():
 
 
 def test_import_initpipe_imports_neither_torch_nor_vllm():
-    code = ("import sys; sys.modules['torch'] = None; sys.modules['vllm'] = None\n"
-            "import initpipe, initpipe.errors\n"
-            "import initpipe._pipeline, initpipe._run, initpipe._trace\n"
-            "print('ok')")
+    code = (
+        "import sys; sys.modules['torch'] = None; sys.modules['vllm'] = None\n"
+        "import initpipe, initpipe.errors\n"
+        "import initpipe._pipeline, initpipe._run, initpipe._trace\n"
+        "print('ok')"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"

@@ -1,4 +1,5 @@
 """Third-party stages: API replace/add, and entry points enabled only on request."""
+
 import json
 import os
 import subprocess
@@ -7,10 +8,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from coretoys import linear
 
 from initpipe import Extension, ExtensionError, Pipeline, apply_extensions, stage
-
-from coretoys import linear
 
 EXTPKG = Path(__file__).parent / "extpkg"
 
@@ -25,8 +25,9 @@ def test_api_extension_replaces_and_adds_and_marks_the_package():
         return d
 
     base = Pipeline.from_module(linear)
-    p = apply_extensions(base, [Extension(name="x", replace={"b": triple}, add=[log_d],
-                                          package="acme-kv")])
+    p = apply_extensions(
+        base, [Extension(name="x", replace={"b": triple}, add=[log_d], package="acme-kv")]
+    )
     assert p.order == ["a", "b", "c", "d", "log_d"]
     assert p.specs["b"].package == "acme-kv" and p.specs["a"].package is None
     run = p.start(config=1)
@@ -41,8 +42,9 @@ def test_api_extension_breaking_the_graph_names_the_package():
         return 1
 
     with pytest.raises(ExtensionError, match="extension 'x' from package 'acme'") as e:
-        apply_extensions(Pipeline.from_module(linear),
-                         [Extension(name="x", add=[bad], package="acme")])
+        apply_extensions(
+            Pipeline.from_module(linear), [Extension(name="x", add=[bad], package="acme")]
+        )
     assert e.value.package == "acme"
     assert type(e.value.problems[0]).__name__ == "PhaseViolationError"
 
@@ -51,9 +53,22 @@ def test_api_extension_breaking_the_graph_names_the_package():
 def installed(tmp_path_factory):
     """The toy extension package installed with --no-deps into a throwaway folder."""
     target = tmp_path_factory.mktemp("site")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--no-build-isolation", "--target", str(target), str(EXTPKG)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(EXTPKG),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return target
 
 
@@ -62,8 +77,9 @@ def run_with(installed, env_value, code):
     env["PYTHONPATH"] = os.pathsep.join([str(installed), str(Path(__file__).parent)])
     if env_value is not None:
         env["INITPIPE_EXTENSIONS"] = env_value
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True
+    )
 
 
 SHOW = """
@@ -81,8 +97,11 @@ def test_installed_extension_changes_nothing_unless_enabled(installed):
     res = run_with(installed, None, SHOW)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
-    assert out == {"order": ["a", "b", "c", "d"], "b": 4,
-                   "pkg": {"a": None, "b": None, "c": None, "d": None}}
+    assert out == {
+        "order": ["a", "b", "c", "d"],
+        "b": 4,
+        "pkg": {"a": None, "b": None, "c": None, "d": None},
+    }
 
 
 def test_enabled_extensions_replace_and_add(installed):

@@ -123,7 +123,7 @@ def test_a_regular_file_is_replaced_atomically(tmp_path: Path, monkeypatch) -> N
     monkeypatch.setattr(os, "replace", failing_replace)
     with pytest.raises(OSError, match="No space"):
         write_file(out, "new")
-    assert out.read_text() == "complete old content"       # never half-written
+    assert out.read_text() == "complete old content"  # never half-written
     assert [p.name for p in tmp_path.iterdir()] == ["t.json"]  # temporary removed
     monkeypatch.setattr(os, "replace", real_replace)
     write_file(out, "new")
@@ -156,7 +156,7 @@ def test_private_dir_is_created_closed_to_others(tmp_path: Path, monkeypatch) ->
     folder = private_dir()
     assert folder == tmp_path / "initpipe"
     assert stat.S_IMODE(os.lstat(folder).st_mode) == 0o700
-    assert private_dir() == folder                            # reused
+    assert private_dir() == folder  # reused
 
 
 def test_private_dir_refuses_a_symlink_or_an_open_folder(tmp_path: Path, monkeypatch) -> None:

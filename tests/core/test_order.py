@@ -1,5 +1,6 @@
 """Deterministic topological order: respects every edge, independent of declaration order
 and of PYTHONHASHSEED."""
+
 import os
 import random
 import subprocess
@@ -25,14 +26,17 @@ def random_dag(n, seed, kv_share=0.5):
             preds = [j for j in preds if j < n_model]
         params = [f"k{j}" for j in sorted(preds)] or ["model"]
         ns = {}
-        exec(f"def s{i}({', '.join(params)}):\n    return {i}", ns)  # noqa: S102
+        exec(f"def s{i}({', '.join(params)}):\n    return {i}", ns)
         specs.append(make_spec(ns[f"s{i}"], needs=needs, provides=f"k{i}"))
     return specs
 
 
 @settings(max_examples=40, deadline=None)
-@given(n=st.integers(min_value=1, max_value=200), seed=st.integers(0, 10_000),
-       shuffle_seed=st.integers(0, 10_000))
+@given(
+    n=st.integers(min_value=1, max_value=200),
+    seed=st.integers(0, 10_000),
+    shuffle_seed=st.integers(0, 10_000),
+)
 def test_order_respects_every_edge_and_ignores_declaration_order(n, seed, shuffle_seed):
     specs = random_dag(n, seed)
     p = Pipeline(specs)
@@ -51,14 +55,15 @@ def test_ties_are_broken_by_name():
     specs = random_dag(1, 0, kv_share=0.0)
     ns = {}
     for name in ("zeta", "alpha", "mid"):
-        exec(f"def {name}(model):\n    return 1", ns)  # noqa: S102
+        exec(f"def {name}(model):\n    return 1", ns)
     p = Pipeline([make_spec(ns[n], needs="model") for n in ("zeta", "alpha", "mid")] + specs)
     assert p.order == ["alpha", "mid", "s0", "zeta"]
 
 
 def test_order_is_identical_under_two_hash_seeds(tmp_path):
     script = tmp_path / "order.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from test_order import random_dag
@@ -66,12 +71,14 @@ def test_order_is_identical_under_two_hash_seeds(tmp_path):
         specs = random_dag(150, 7)
         specs = list(reversed(specs))
         print(",".join(Pipeline(specs).order))
-    """))
+    """)
+    )
     outs = []
     for seed in ("0", "12345"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                             env=env, check=True)
+        res = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, env=env, check=True
+        )
         outs.append(res.stdout.strip())
     assert outs[0] == outs[1]
     assert len(outs[0].split(",")) == 150

@@ -1,14 +1,15 @@
 """The two-phase runner: order, re-runs, rollback on failure, misuse, outputs."""
+
 import threading
 import time
 
 import pytest
 
 from initpipe import (
+    REQUIRED,
     InputsError,
     OutputNotAvailableError,
     PhaseOrderError,
-    REQUIRED,
     Pipeline,
     StageError,
     TeardownError,
@@ -59,8 +60,11 @@ class Recorder:
                 raise ValueError("bad layer")
             return ("bind", tensors[1], is_profiling)
 
-        self.pipeline = Pipeline([bind, tensors, groups, spec], start_inputs=("config",),
-                                 kv_inputs={"kv_cache_config": REQUIRED, "is_profiling": False})
+        self.pipeline = Pipeline(
+            [bind, tensors, groups, spec],
+            start_inputs=("config",),
+            kv_inputs={"kv_cache_config": REQUIRED, "is_profiling": False},
+        )
 
     def runs(self, name):
         return [e for e in self.log if e[:2] == ("run", name)]
@@ -118,7 +122,9 @@ def test_failing_kv_stage_rolls_back_and_retry_succeeds():
     with pytest.raises(OutputNotAvailableError, match="initialize_kv_cache"):
         run.outputs["tensors"]
     assert [e for e in r.log if e[0] == "teardown"] == [
-        ("teardown", "tensors", ("tensors", 7), 7), ("teardown", "groups", ("groups", 7))]
+        ("teardown", "tensors", ("tensors", 7), 7),
+        ("teardown", "groups", ("groups", 7)),
+    ]
     assert not run.kv_ready
     r.fail_at = None
     run.initialize_kv_cache(8)
@@ -150,7 +156,9 @@ def test_failing_model_stage_can_be_retried():
 def test_kv_before_load_and_double_load_say_what_to_call():
     r = Recorder()
     run = r.pipeline.start(config=1)
-    with pytest.raises(PhaseOrderError, match=r"load\(\) must be called before initialize_kv_cache"):
+    with pytest.raises(
+        PhaseOrderError, match=r"load\(\) must be called before initialize_kv_cache"
+    ):
         run.initialize_kv_cache(1)
     run.load(model=1)
     with pytest.raises(PhaseOrderError, match=r"load\(\) was already called"):
@@ -285,8 +293,12 @@ def test_listeners_see_every_stage_and_teardown():
     run.initialize_kv_cache(1)
     run.initialize_kv_cache(2)
     kinds = [(e.kind, e.name) for e in events]
-    assert kinds[:4] == [("stage", "spec"), ("stage", "groups"), ("stage", "tensors"),
-                         ("stage", "bind")]
+    assert kinds[:4] == [
+        ("stage", "spec"),
+        ("stage", "groups"),
+        ("stage", "tensors"),
+        ("stage", "bind"),
+    ]
     assert kinds[4:7] == [("teardown", "bind"), ("teardown", "tensors"), ("teardown", "groups")]
     assert all(e.outcome == "ok" and e.duration >= 0 for e in events)
 

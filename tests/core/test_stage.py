@@ -1,4 +1,5 @@
 """``@stage`` returns the function unchanged and rejects malformed declarations."""
+
 import pytest
 
 from initpipe import StageDeclarationError, get_spec, stage
@@ -14,12 +15,19 @@ def test_stage_returns_the_function_unchanged_and_callable():
     assert spec.inputs == ("x", "y")
     assert spec.provides == ("f",)
     assert spec.needs == "model"
-    assert spec.qualname.endswith(":test_stage_returns_the_function_unchanged_and_callable.<locals>.f")
+    assert spec.qualname.endswith(
+        ":test_stage_returns_the_function_unchanged_and_callable.<locals>.f"
+    )
 
 
 def test_provides_one_or_many_keys_and_doc_first_line():
-    @stage(needs="kv_cache_config", provides=("a", "b"), effects="layer.kv_cache",
-           after="x", before=("y",))
+    @stage(
+        needs="kv_cache_config",
+        provides=("a", "b"),
+        effects="layer.kv_cache",
+        after="x",
+        before=("y",),
+    )
     def f(kv_cache_config):
         """Split the config.
 
@@ -46,9 +54,11 @@ def test_teardown_receives_named_stage_inputs():
 
 def test_unknown_needs_is_rejected():
     with pytest.raises(StageDeclarationError, match=r"needs='kv' is unknown.*needs='model'") as e:
+
         @stage(needs="kv")
         def f(x):
             return x
+
     assert e.value.field == "needs"
     assert e.value.stage.endswith(".f")
 
@@ -61,6 +71,7 @@ def test_non_callable_is_rejected():
 
 def test_class_is_rejected():
     with pytest.raises(StageDeclarationError, match="plain function"):
+
         @stage(needs="model")
         class C:
             pass
@@ -68,14 +79,17 @@ def test_class_is_rejected():
 
 def test_generator_function_is_rejected():
     with pytest.raises(StageDeclarationError, match="generator functions are not supported") as e:
+
         @stage(needs="model")
         def gen(model):
             yield model
+
     assert e.value.stage.endswith("gen")
 
 
 def test_async_function_is_rejected():
     with pytest.raises(StageDeclarationError, match="async functions are not supported"):
+
         @stage(needs="model")
         async def coro(model):
             return model
@@ -83,6 +97,7 @@ def test_async_function_is_rejected():
 
 def test_var_args_are_rejected():
     with pytest.raises(StageDeclarationError, match=r"'kwargs' is \*args/\*\*kwargs"):
+
         @stage(needs="model")
         def f(model, **kwargs):
             return model
@@ -90,9 +105,11 @@ def test_var_args_are_rejected():
 
 def test_non_callable_teardown_is_rejected():
     with pytest.raises(StageDeclarationError, match=r"teardown='oops' is not callable") as e:
+
         @stage(needs="model", teardown="oops")
         def f(model):
             return model
+
     assert e.value.field == "teardown"
 
 
@@ -101,6 +118,7 @@ def test_teardown_naming_a_non_input_is_rejected():
         pass
 
     with pytest.raises(StageDeclarationError, match=r"names 'nonsense', which are not inputs"):
+
         @stage(needs="model", teardown=undo)
         def f(model):
             return model
@@ -108,6 +126,7 @@ def test_teardown_naming_a_non_input_is_rejected():
 
 def test_teardown_without_parameters_is_rejected():
     with pytest.raises(StageDeclarationError, match="takes no parameter"):
+
         @stage(needs="model", teardown=lambda: None)
         def f(model):
             return model
@@ -115,6 +134,7 @@ def test_teardown_without_parameters_is_rejected():
 
 def test_output_that_is_also_an_input_is_rejected():
     with pytest.raises(StageDeclarationError, match="'model' is both an input and an output"):
+
         @stage(needs="model", provides="model")
         def f(model):
             return model
@@ -122,10 +142,13 @@ def test_output_that_is_also_an_input_is_rejected():
 
 def test_empty_or_repeated_provides_is_rejected():
     with pytest.raises(StageDeclarationError, match="must be a key"):
+
         @stage(needs="model", provides=())
         def f(model):
             return model
+
     with pytest.raises(StageDeclarationError, match="repeats a key"):
+
         @stage(needs="model", provides=("a", "a"))
         def g(model):
             return model

@@ -1,4 +1,5 @@
 """The README's tour example runs as documented."""
+
 import runpy
 from pathlib import Path
 

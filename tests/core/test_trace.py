@@ -1,4 +1,5 @@
 """Trace exports (JSON, Chrome), critical path and blame."""
+
 import json
 
 from initpipe import Pipeline, Trace, stage
@@ -43,8 +44,13 @@ def test_run_trace_exports_json_and_chrome(tmp_path):
     run.initialize_kv_cache(2)
     events = run.trace.events
     assert [(e.name, e.kind, e.generation) for e in events] == [
-        ("weight loading", "span", 0), ("a", "stage", 0), ("b", "stage", 0), ("c", "stage", 0),
-        ("d", "stage", 1), ("d", "stage", 2)]
+        ("weight loading", "span", 0),
+        ("a", "stage", 0),
+        ("b", "stage", 0),
+        ("c", "stage", 0),
+        ("d", "stage", 1),
+        ("d", "stage", 2),
+    ]
     starts = [e.start for e in events]
     assert starts == sorted(starts)
     path = run.trace.write_json(tmp_path / "t.json", p.graph)
@@ -69,7 +75,7 @@ def test_blame_sorts_by_self_time():
     assert sorted(names) == ["a", "b", "c", "d"]
     durs = [d for _, d in run.blame()]
     assert durs == sorted(durs, reverse=True)
-    assert [n for n, _ in run.critical_path()][0] == "a"
+    assert run.critical_path()[0][0] == "a"
 
 
 def test_failed_stage_is_traced_with_its_error():

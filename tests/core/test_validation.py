@@ -1,5 +1,7 @@
 """Each validation rule reports its culprit; all problems are collected at once."""
+
 import pytest
+from coretoys import cyclic, diamond, duplicate_producer, linear, missing_input, phase_violation
 
 from initpipe import (
     CycleError,
@@ -12,8 +14,6 @@ from initpipe import (
     stage,
 )
 from initpipe.errors import NotAStageError, UnknownStageError
-
-from coretoys import cyclic, diamond, duplicate_producer, linear, missing_input, phase_violation
 
 
 def problems_of(module_or_stages, **kw):
@@ -50,8 +50,10 @@ def test_duplicate_producer_names_both_stages_and_key():
     (p,) = err.problems
     assert isinstance(p, DuplicateProducerError)
     assert p.key == "kv_caches"
-    assert p.producers == ("coretoys.duplicate_producer:allocate",
-                           "coretoys.duplicate_producer:allocate_again")
+    assert p.producers == (
+        "coretoys.duplicate_producer:allocate",
+        "coretoys.duplicate_producer:allocate_again",
+    )
     assert "duplicate producer for 'kv_caches'" in str(p)
 
 
@@ -126,6 +128,7 @@ def test_duplicate_stage_names():
         @stage(needs="model", provides="x1")
         def same(model):
             return 1
+
         return same
 
     first = make()

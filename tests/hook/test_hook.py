@@ -1,5 +1,6 @@
 """The worker hook as a user meets it: `initpipe run`, extensions in a real engine, and
 failures reported in-process and from a worker process."""
+
 import json
 import os
 import subprocess
@@ -13,13 +14,19 @@ pytest.importorskip("vllm")
 
 ROOT = Path(__file__).parents[2]
 MODEL = ROOT / "stages" / "models" / "tiny-llama"
-PACKAGES = [ROOT / "examples" / "extensions" / "alloc", ROOT / "examples" / "extensions" / "audit",
-            Path(__file__).parent / "failpkg"]
+PACKAGES = [
+    ROOT / "examples" / "extensions" / "alloc",
+    ROOT / "examples" / "extensions" / "audit",
+    Path(__file__).parent / "failpkg",
+]
 
 
 def env_for(site=None, **extra):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("INITPIPE_EXTENSIONS", "INITPIPE_TRACE", "INITPIPE_VLLM")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("INITPIPE_EXTENSIONS", "INITPIPE_TRACE", "INITPIPE_VLLM")
+    }
     env["VLLM_TARGET_DEVICE"] = "cpu"
     if site is not None:
         env["PYTHONPATH"] = str(site)
@@ -32,17 +39,34 @@ def site(tmp_path_factory):
     """The example extension packages installed with --no-deps into a throwaway folder."""
     target = tmp_path_factory.mktemp("site")
     for pkg in PACKAGES:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                        "--no-build-isolation", "--target", str(target), str(pkg)],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--no-build-isolation",
+                "--target",
+                str(target),
+                str(pkg),
+            ],
+            check=True,
+            capture_output=True,
+        )
     return target
 
 
 def test_initpipe_run_shows_stages_tokens_summary_and_matches_stock(tmp_path):
     trace = tmp_path / "init.json"
-    res = subprocess.run([sys.executable, "-m", "initpipe.cli", "run", "--compare-stock",
-                          "--trace", str(trace)], env=env_for(), capture_output=True,
-                         text=True, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-m", "initpipe.cli", "run", "--compare-stock", "--trace", str(trace)],
+        env=env_for(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     out = res.stdout
     assert res.returncode == 0, out[-3000:] + res.stderr[-3000:]
     from initpipe_vllm import base_catalog
@@ -55,19 +79,27 @@ def test_initpipe_run_shows_stages_tokens_summary_and_matches_stock(tmp_path):
     assert "SAME as stock vLLM" in out
     data = json.loads(trace.read_text())
     spans = {e["name"] for e in data["events"] if e["kind"] == "span"}
-    assert {"load_model (weights)", "determine_available_memory (memory profiling)",
-            "initialize_from_config (KV cache)",
-            "compile_or_warm_up_model (warm-up, compile, capture)"} <= spans
+    assert {
+        "load_model (weights)",
+        "determine_available_memory (memory profiling)",
+        "initialize_from_config (KV cache)",
+        "compile_or_warm_up_model (warm-up, compile, capture)",
+    } <= spans
     stages = [e["name"] for e in data["events"] if e["kind"] == "stage"]
-    assert stages[:len(base_catalog().order)] == base_catalog().order
+    assert stages[: len(base_catalog().order)] == base_catalog().order
     assert data["critical_path"][-1]["name"] == "kv_connector_registration"
     chrome = json.loads((tmp_path / "init.chrome.json").read_text())
     assert {e["name"] for e in chrome["traceEvents"] if e["ph"] == "X"} >= spans
 
 
 def test_initpipe_run_rejects_a_folder_without_config(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "initpipe.cli", "run", "--model", str(tmp_path)],
-                         env=env_for(), capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "initpipe.cli", "run", "--model", str(tmp_path)],
+        env=env_for(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2
     assert f"Error: --model {tmp_path}: no config.json" in res.stderr
 
@@ -88,14 +120,20 @@ EXTENDED = textwrap.dedent(f"""
 
 
 def test_extensions_replace_allocation_and_add_an_audit_with_stock_tokens_and_state(site):
-    res = subprocess.run([sys.executable, "-c", EXTENDED], capture_output=True, text=True,
-                         env=env_for(site, INITPIPE_EXTENSIONS="example_alloc,example_audit"),
-                         timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-c", EXTENDED],
+        capture_output=True,
+        text=True,
+        env=env_for(site, INITPIPE_EXTENSIONS="example_alloc,example_audit"),
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     rep = json.loads(res.stdout.split("RESULT ", 1)[1])
     assert rep["diffs"] == [] and rep["equal"]  # tokens and every runner snapshot as stock
-    assert rep["packages"] == {"allocated_kv_caches": "initpipe-example-alloc",
-                               "kv_binding_audit": "initpipe-example-audit"}
+    assert rep["packages"] == {
+        "allocated_kv_caches": "initpipe-example-alloc",
+        "kv_binding_audit": "initpipe-example-audit",
+    }
     assert "kv_binding_audit" in rep["completed"]
     allocs = [b for e, b in rep["ledger"] if e == "allocate"]
     releases = [b for e, b in rep["ledger"] if e == "release"]
@@ -104,13 +142,19 @@ def test_extensions_replace_allocation_and_add_an_audit_with_stock_tokens_and_st
 
 
 def test_graph_marks_the_package_of_extension_stages(site):
-    res = subprocess.run([sys.executable, "-m", "initpipe.cli", "graph"], capture_output=True,
-                         text=True, env=env_for(site, INITPIPE_EXTENSIONS="example_alloc,example_audit"),
-                         timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "initpipe.cli", "graph"],
+        capture_output=True,
+        text=True,
+        env=env_for(site, INITPIPE_EXTENSIONS="example_alloc,example_audit"),
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
-    line = [x for x in res.stdout.splitlines() if " allocated_kv_caches " in x][0]
+    line = next(x for x in res.stdout.splitlines() if " allocated_kv_caches " in x)
     assert line.endswith("[from package initpipe-example-alloc]")
-    assert "kv_binding_audit" in res.stdout and "[from package initpipe-example-audit]" in res.stdout
+    assert (
+        "kv_binding_audit" in res.stdout and "[from package initpipe-example-audit]" in res.stdout
+    )
 
 
 FAILING = textwrap.dedent(f"""
@@ -133,33 +177,49 @@ FAILING = textwrap.dedent(f"""
 
 def test_failing_stage_in_process_reaches_the_user_as_stage_error(site, tmp_path):
     trace = tmp_path / "t.json"
-    res = subprocess.run([sys.executable, "-c", FAILING], capture_output=True, text=True,
-                         env=env_for(site, INITPIPE_EXTENSIONS="fail_binding",
-                                     VLLM_ENABLE_V1_MULTIPROCESSING="0",
-                                     INITPIPE_TRACE=str(trace)), timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-c", FAILING],
+        capture_output=True,
+        text=True,
+        env=env_for(
+            site,
+            INITPIPE_EXTENSIONS="fail_binding",
+            VLLM_ENABLE_V1_MULTIPROCESSING="0",
+            INITPIPE_TRACE=str(trace),
+        ),
+        timeout=600,
+    )
     assert res.returncode == 3, res.stderr[-3000:]
     out = res.stdout
     assert "CAUGHT initpipe.errors StageError" in out
-    assert "stage 'runner_kv_caches' (initpipe_fail_ext:runner_kv_caches) failed in phase " \
-           "'kv_cache_config': RuntimeError: binding refused by initpipe-fail-ext" in out
+    assert (
+        "stage 'runner_kv_caches' (initpipe_fail_ext:runner_kv_caches) failed in phase "
+        "'kv_cache_config': RuntimeError: binding refused by initpipe-fail-ext" in out
+    )
     assert "completed in this phase:" in out and "allocated_kv_caches" in out
     failure = json.loads((tmp_path / "t.failure.json").read_text())
     last = [e for e in failure["events"] if e["kind"] == "stage"][-1]
     assert last["name"] == "runner_kv_caches" and last["outcome"] == "error"
 
 
-def test_failing_stage_in_a_worker_process_is_named_in_the_log_with_a_failure_trace(site,
-                                                                                     tmp_path):
+def test_failing_stage_in_a_worker_process_is_named_in_the_log_with_a_failure_trace(site, tmp_path):
     script = tmp_path / "fail.py"
     script.write_text(FAILING)
-    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=600,
-                         env=env_for(site, INITPIPE_EXTENSIONS="fail_binding",
-                                     VLLM_ENABLE_V1_MULTIPROCESSING="1"))
+    res = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+        env=env_for(site, INITPIPE_EXTENSIONS="fail_binding", VLLM_ENABLE_V1_MULTIPROCESSING="1"),
+    )
     log = res.stdout + res.stderr
     assert res.returncode == 3, log[-3000:]
-    line = [x for x in log.splitlines()
-            if "initpipe: stage 'runner_kv_caches' failed in phase 'kv_cache_config'" in x]
+    line = [
+        x
+        for x in log.splitlines()
+        if "initpipe: stage 'runner_kv_caches' failed in phase 'kv_cache_config'" in x
+    ]
     assert line, log[-4000:]
     assert "completed: encoder_only_kv_cache_group, runner_kv_cache_config" in line[0]
     assert "allocated_kv_caches" in line[0]

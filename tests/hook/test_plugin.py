@@ -1,4 +1,5 @@
 """The vllm.general_plugins entry point: pipelined worker only when INITPIPE_VLLM=1."""
+
 import os
 import subprocess
 import sys
@@ -27,13 +28,18 @@ SCRIPT = textwrap.dedent(f"""
 
 
 def start(opt_in, extra="{}"):
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-           "EXTRA": extra}
+    env = {
+        **os.environ,
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "EXTRA": extra,
+    }
     env.pop("INITPIPE_VLLM", None)
     if opt_in is not None:
         env["INITPIPE_VLLM"] = opt_in
-    res = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
-                         text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     line = [x for x in res.stdout.splitlines() if x.startswith("RESULT")][-1]
     return line.split(" ", 2)[1:], res.stdout + res.stderr  # vLLM logs to stdout

@@ -1,4 +1,5 @@
 """The pipelined worker refuses what it was not built for, before swapping anything in."""
+
 import pytest
 
 from initpipe_vllm.errors import UnsupportedRunnerError
@@ -6,9 +7,11 @@ from initpipe_vllm.worker import SUPPORTED_VLLM, check_vllm_version
 
 
 def test_other_vllm_versions_are_refused_naming_both():
-    with pytest.raises(UnsupportedRunnerError,
-                       match=r"built for vLLM 0\.32\.0, but vLLM 0\.33\.1 is installed.*"
-                             r"vllm==0\.32\.0"):
+    with pytest.raises(
+        UnsupportedRunnerError,
+        match=r"built for vLLM 0\.32\.0, but vLLM 0\.33\.1 is installed.*"
+        r"vllm==0\.32\.0",
+    ):
         check_vllm_version("0.33.1")
 
 

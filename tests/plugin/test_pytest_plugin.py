@@ -1,4 +1,5 @@
 """The pytest11 plugin, used the way a stage author would: a test file of their own."""
+
 import pytest
 
 pytest.importorskip("vllm")
@@ -50,17 +51,20 @@ def test_plugin_fixtures_serve_a_stage_authors_tests(pytester):
     result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=3, failed=1)
     out = result.stdout.str()
-    assert ("stage 'kv_cache_spec' takes ['vllm_config', 'attention_layers', "
-            "'shared_kv_cache_layers']; missing ['attention_layers', 'shared_kv_cache_layers']"
-            in out)
+    assert (
+        "stage 'kv_cache_spec' takes ['vllm_config', 'attention_layers', "
+        "'shared_kv_cache_layers']; missing ['attention_layers', 'shared_kv_cache_layers']" in out
+    )
 
 
 def test_snapshot_assertion_reports_each_difference(pytester):
-    pytester.makepyfile(test_diff='''
+    pytester.makepyfile(
+        test_diff="""
 from initpipe_vllm.pytest_plugin import assert_same_state
 def test_diff():
     assert_same_state({"a": 1, "b": [1, 2]}, {"a": 2, "b": [1, 2]})
-''')
+"""
+    )
     result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*runner states differ (1 differences)*"])

@@ -14,17 +14,16 @@ import sys
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
-from initpipe import KV, StageError, stage  # noqa: E402
-
-from initpipe_vllm import catalog  # noqa: E402
-from initpipe_vllm.testing.equivalence import engine_kwargs  # noqa: E402
-from initpipe_vllm.runner import pipelined_runner_class  # noqa: E402
+from initpipe import KV, StageError, stage
+from initpipe_vllm import catalog
+from initpipe_vllm.runner import pipelined_runner_class
+from initpipe_vllm.testing.equivalence import engine_kwargs
 
 model, name = sys.argv[1], sys.argv[2]
 original = catalog().specs[name]
 
 
-@functools.wraps(original.func)          # keeps the stage's inputs (its signature)
+@functools.wraps(original.func)  # keeps the stage's inputs (its signature)
 def failing(*args, **kwargs):
     raise OSError(f"disk on fire in {name}")
 
@@ -44,9 +43,18 @@ except BaseException as err:  # report whatever reaches the user
         chain.append(cur)
         cur = cur.__cause__ or cur.__context__
     stage_errors = [e for e in chain if isinstance(e, StageError)]
-    result = {"raised": type(err).__name__, "message": str(err),
-              "stage_error": ({"stage": stage_errors[0].stage,
-                               "completed": list(stage_errors[0].completed),
-                               "rolled_back": list(stage_errors[0].rolled_back),
-                               "message": str(stage_errors[0])} if stage_errors else None)}
+    result = {
+        "raised": type(err).__name__,
+        "message": str(err),
+        "stage_error": (
+            {
+                "stage": stage_errors[0].stage,
+                "completed": list(stage_errors[0].completed),
+                "rolled_back": list(stage_errors[0].rolled_back),
+                "message": str(stage_errors[0]),
+            }
+            if stage_errors
+            else None
+        ),
+    }
 print("RESULT " + json.dumps(result), flush=True)

@@ -89,9 +89,9 @@ class Rig:
         self.specs = self.runner.get_kv_cache_spec()
         with self.current():
             self.init()
-            self.clean = self.snapshot()              # a clean KV phase in place
+            self.clean = self.snapshot()  # a clean KV phase in place
             self.cleanup()
-            self.cleaned = self.snapshot()            # what vLLM's cleanup leaves
+            self.cleaned = self.snapshot()  # what vLLM's cleanup leaves
 
     @contextmanager
     def current(self) -> Iterator[None]:
@@ -110,7 +110,8 @@ class Rig:
     def init(self, kv_cache_config: Any = None, **kwargs: Any) -> None:
         with self.current():
             self.runner.initialize_kv_cache(
-                copy.deepcopy(kv_cache_config or self.kv_cache_config), **kwargs)
+                copy.deepcopy(kv_cache_config or self.kv_cache_config), **kwargs
+            )
             # vLLM's engine records the scheduler's block count (core.py step 17)
             self.cfg.cache_config.num_gpu_blocks = self.runner.kv_cache_config.num_blocks
 

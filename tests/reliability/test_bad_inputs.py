@@ -15,6 +15,8 @@ import dataclasses
 
 import networkx as nx
 import pytest
+from relkit import Rig, frozen_gc
+
 from initpipe import (
     KV,
     MODEL,
@@ -32,16 +34,14 @@ from initpipe import (
     StageError,
     stage,
 )
-from initpipe.testing import inject_fault
 from initpipe.errors import (
     NotAStageError,
     StageOutputError,
     UnknownStageError,
     UnknownStageNameError,
 )
-
+from initpipe.testing import inject_fault
 from initpipe_vllm.errors import KVCacheConfigError, ModelPhaseError
-from relkit import Rig, frozen_gc
 
 L0, L1 = "model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"
 NOT_RAW = (AssertionError, nx.NetworkXException)
@@ -63,7 +63,7 @@ def layers(model):
 
 @stage(needs=MODEL)
 def specs(layers):
-    return {name: 16 for name in layers}
+    return dict.fromkeys(layers, 16)
 
 
 @stage(needs=KV)
@@ -105,8 +105,10 @@ def test_missing_input_names_the_key_every_consumer_and_a_suggestion() -> None:
     (problem,) = info.value.problems
     assert isinstance(problem, MissingInputError) and not isinstance(problem, KeyError)
     assert problem.key == "kv_cache_confg"
-    assert problem.consumers == (f"{__name__}:test_missing_input_names_the_key_every_"
-                                 f"consumer_and_a_suggestion.<locals>.groups",)
+    assert problem.consumers == (
+        f"{__name__}:test_missing_input_names_the_key_every_"
+        f"consumer_and_a_suggestion.<locals>.groups",
+    )
     assert problem.suggestions == ("kv_cache_config",)
     assert "Did you mean 'kv_cache_config'?" in str(problem)
 
@@ -274,7 +276,7 @@ def test_replace_with_other_outputs_is_refused() -> None:
 
 def test_replace_of_an_unknown_stage_suggests_a_name() -> None:
     @stage(needs=MODEL)
-    def specs(layers):  # noqa: F811 - a replacement of the same name
+    def specs(layers):
         return {}
 
     with pytest.raises(UnknownStageNameError, match="Did you mean 'specs'") as info:
@@ -285,8 +287,9 @@ def test_replace_of_an_unknown_stage_suggests_a_name() -> None:
 # == 2. runtime misuse ===================================================================
 def test_kv_phase_before_load_says_to_call_load_first() -> None:
     run = _toy().start()
-    with pytest.raises(PhaseOrderError, match="load\\(\\) must be called before "
-                                              "initialize_kv_cache\\(\\)"):
+    with pytest.raises(
+        PhaseOrderError, match="load\\(\\) must be called before initialize_kv_cache\\(\\)"
+    ):
         run.initialize_kv_cache(2)
     assert run.state == "started" and run.completed(KV) == []
 
@@ -327,7 +330,7 @@ def test_calls_on_a_closed_run_say_to_start_a_new_one() -> None:
     run = _toy().start()
     run.load(model="m")
     run.close()
-    with pytest.raises(PhaseOrderError, match="closed run; call pipeline.start\\(\\)"):
+    with pytest.raises(PhaseOrderError, match=r"closed run; call pipeline.start\(\)"):
         run.initialize_kv_cache(2)
     with pytest.raises(OutputNotAvailableError, match="run is closed") as info:
         run.outputs["specs"]
@@ -337,7 +340,7 @@ def test_calls_on_a_closed_run_say_to_start_a_new_one() -> None:
 def test_reading_a_kv_output_before_the_kv_phase_says_what_to_call() -> None:
     run = _toy().start()
     run.load(model="m")
-    with pytest.raises(OutputNotAvailableError, match="run.initialize_kv_cache") as info:
+    with pytest.raises(OutputNotAvailableError, match=r"run\.initialize_kv_cache") as info:
         run.outputs["tensors"]
     assert info.value.key == "tensors" and "stage 'tensors'" in str(info.value)
 
@@ -376,6 +379,7 @@ def bad(rig):
     Returns the StageError; checks the runner stayed as vLLM's cleanup leaves it, and
     that the good config still works afterwards.
     """
+
     def _bad(mutate):
         cfg = copy.deepcopy(rig.kv_cache_config)
         mutate(cfg)
@@ -386,7 +390,7 @@ def bad(rig):
         return info.value
 
     yield _bad
-    rig.init()                                  # the good config still works afterwards
+    rig.init()  # the good config still works afterwards
     assert rig.diff(rig.clean) == []
 
 
@@ -394,6 +398,7 @@ def _spec(**changes):
     def mutate(cfg):
         group = cfg.kv_cache_groups[0]
         group.kv_cache_spec = dataclasses.replace(group.kv_cache_spec, **changes)
+
     return mutate
 
 
@@ -437,8 +442,10 @@ def test_a_tensor_holding_a_layer_no_group_names(bad) -> None:
 def test_tensors_of_different_sizes(bad) -> None:
     def mutate(cfg):
         t = cfg.kv_cache_tensors[0]
-        cfg.kv_cache_tensors = [dataclasses.replace(t, layers=[L0]),
-                                dataclasses.replace(t, layers=[L1], size=t.size // 2)]
+        cfg.kv_cache_tensors = [
+            dataclasses.replace(t, layers=[L0]),
+            dataclasses.replace(t, layers=[L1], size=t.size // 2),
+        ]
 
     err = bad(mutate)
     cause = err.__cause__
@@ -460,12 +467,10 @@ def test_a_block_size_no_backend_kernel_supports(bad) -> None:
     assert "No common block size for 100 (CPU_ATTN" in str(err)
 
 
-
-
 def test_a_tensor_too_small_for_its_blocks(bad) -> None:
     def mutate(cfg):
         cfg.kv_cache_tensors[0].size = cfg.kv_cache_tensors[0].size // 2
-        cfg.kv_cache_tensors[0].layer_stride //= 2        # consistent, but half the blocks
+        cfg.kv_cache_tensors[0].layer_stride //= 2  # consistent, but half the blocks
 
     err = bad(mutate)
     assert isinstance(err.__cause__, KVCacheConfigError)
@@ -517,8 +522,9 @@ def test_kv_sharing_target_that_does_not_exist_kv_phase(rig, model_outputs) -> N
 
     ghost = "model.layers.7.self_attn.attn"
     with pytest.raises(KVCacheConfigError, match=ghost) as info:
-        runner_kv_cache_config(_engine_config_without(rig, L1),
-                               model_outputs["attention_layers"], {L1: ghost}, None)
+        runner_kv_cache_config(
+            _engine_config_without(rig, L1), model_outputs["attention_layers"], {L1: ghost}, None
+        )
     assert info.value.layer == ghost and info.value.field == "kv_cache_groups"
     assert L1 in str(info.value)
 
@@ -563,8 +569,9 @@ def test_kv_sharing_target_after_its_sharer_kv_phase(rig, model_outputs) -> None
     from initpipe_vllm.kv_phase import runner_kv_cache_config
 
     with pytest.raises(KVCacheConfigError, match=L1) as info:
-        runner_kv_cache_config(_engine_config_without(rig, L0),
-                               model_outputs["attention_layers"], {L0: L1}, None)
+        runner_kv_cache_config(
+            _engine_config_without(rig, L0), model_outputs["attention_layers"], {L0: L1}, None
+        )
     assert info.value.layer in (L0, L1)
 
 
@@ -574,8 +581,6 @@ def test_a_bad_kv_cache_layout_name(rig) -> None:
     with pytest.raises(KVCacheConfigError, match="'NCHW' is not a KVCacheLayout") as info:
         resolve_layout("NCHW", rig.cfg)
     assert info.value.field == "kv_cache_layout" and not isinstance(info.value, KeyError)
-
-
 
 
 def test_runner_kv_phase_before_load_model() -> None:

@@ -14,13 +14,13 @@ import time
 import weakref
 
 import pytest
-from initpipe import KV, stage
-
-from initpipe_vllm import catalog
-from initpipe_vllm.kv_tensors import allocated_kv_caches as real_allocation
 from relkit import Rig, frozen_gc
 
-HOLD = 0.3          # seconds the instrumented allocation holds the phase open
+from initpipe import KV, stage
+from initpipe_vllm import catalog
+from initpipe_vllm.kv_tensors import allocated_kv_caches as real_allocation
+
+HOLD = 0.3  # seconds the instrumented allocation holds the phase open
 
 
 class Probe:
@@ -29,7 +29,7 @@ class Probe:
         self.inside = 0
         self.max_inside = 0
         self.entered = threading.Event()
-        self.intervals: list[tuple[int, float, float]] = []   # (thread, enter, exit)
+        self.intervals: list[tuple[int, float, float]] = []  # (thread, enter, exit)
         self.storages: list[weakref.ref] = []
         self.alive_at_allocation: list[int] = []
 
@@ -40,10 +40,20 @@ class Probe:
 PROBE = Probe()
 
 
-@stage(needs=KV, provides="allocated_kv_caches", teardown=catalog().specs[
-    "allocated_kv_caches"].teardown)
-def counting_allocation(vllm_config, device, runner_kv_cache_config, kernel_block_sizes,
-                        kv_cache_layout, kv_cache_allocation_context, jit_warmup_registry):
+@stage(
+    needs=KV,
+    provides="allocated_kv_caches",
+    teardown=catalog().specs["allocated_kv_caches"].teardown,
+)
+def counting_allocation(
+    vllm_config,
+    device,
+    runner_kv_cache_config,
+    kernel_block_sizes,
+    kv_cache_layout,
+    kv_cache_allocation_context,
+    jit_warmup_registry,
+):
     """The real allocation stage, held open for HOLD seconds and counted."""
     with PROBE.lock:
         PROBE.inside += 1
@@ -52,12 +62,22 @@ def counting_allocation(vllm_config, device, runner_kv_cache_config, kernel_bloc
     t0 = time.perf_counter()
     PROBE.entered.set()
     time.sleep(HOLD)
-    out = real_allocation(vllm_config, device, runner_kv_cache_config, kernel_block_sizes,
-                          kv_cache_layout, kv_cache_allocation_context, jit_warmup_registry)
+    out = real_allocation(
+        vllm_config,
+        device,
+        runner_kv_cache_config,
+        kernel_block_sizes,
+        kv_cache_layout,
+        kv_cache_allocation_context,
+        jit_warmup_registry,
+    )
     with PROBE.lock:
-        PROBE.storages.extend(weakref.ref(s) for s in
-                              {t.untyped_storage().data_ptr(): t.untyped_storage()
-                               for t in out.values()}.values())
+        PROBE.storages.extend(
+            weakref.ref(s)
+            for s in {
+                t.untyped_storage().data_ptr(): t.untyped_storage() for t in out.values()
+            }.values()
+        )
         PROBE.inside -= 1
         PROBE.intervals.append((threading.get_ident(), t0, time.perf_counter()))
     return out
@@ -86,7 +106,7 @@ def _threads(rig, configs):
     threads = [threading.Thread(target=call, args=(c,)) for c in configs]
     PROBE.entered.clear()
     threads[0].start()
-    assert PROBE.entered.wait(10)             # the first is inside the allocation stage
+    assert PROBE.entered.wait(10)  # the first is inside the allocation stage
     for t in threads[1:]:
         t.start()
     for t in threads:
@@ -102,10 +122,10 @@ def test_two_concurrent_initializations_are_serialized(rig) -> None:
     gen0 = run.kv_generation
     n_trace = len(run.trace)
     calls = _threads(rig, [rig.plan(32), rig.plan(48)])
-    (a_tid, a_in, a_out), (b_tid, b_in, b_out) = PROBE.intervals
+    (a_tid, _a_in, a_out), (b_tid, b_in, _b_out) = PROBE.intervals
     assert a_tid != b_tid
-    assert calls[b_tid] < a_out               # B called while A was inside the phase ...
-    assert b_in > a_out                       # ... and B's phase began only after A's
+    assert calls[b_tid] < a_out  # B called while A was inside the phase ...
+    assert b_in > a_out  # ... and B's phase began only after A's
     assert PROBE.max_inside == 1
     # the trace: every event of A's KV phase ends before B's KV phase starts
     events = [e for e in run.trace.events[n_trace:] if e.phase == KV and e.kind == "stage"]
@@ -120,11 +140,11 @@ def test_never_two_kv_allocations_alive_at_once(rig) -> None:
     rig.init()
     PROBE.alive_at_allocation.clear()
     _threads(rig, [rig.plan(n) for n in (16, 64, 24, 128)])
-    assert PROBE.alive_at_allocation == [0, 0, 0, 0]   # the previous cache was already freed
+    assert PROBE.alive_at_allocation == [0, 0, 0, 0]  # the previous cache was already freed
     assert PROBE.max_inside == 1
-    assert PROBE.alive() == 1                           # only the cache in place now
+    assert PROBE.alive() == 1  # only the cache in place now
     runner = rig.runner
-    assert runner.kv_caches[0].shape[0] == runner.kv_cache_config.num_blocks   # consistent
+    assert runner.kv_caches[0].shape[0] == runner.kv_cache_config.num_blocks  # consistent
 
 
 def test_after_the_race_a_clean_init_matches_a_clean_run(rig) -> None:
@@ -132,5 +152,5 @@ def test_after_the_race_a_clean_init_matches_a_clean_run(rig) -> None:
     rig.cleanup()
     rig.init()
     assert rig.diff(rig.clean) == []
-    rig.cleanup()                              # vLLM's cleanup collects garbage too
+    rig.cleanup()  # vLLM's cleanup collects garbage too
     assert PROBE.alive() == 0

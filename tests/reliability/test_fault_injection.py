@@ -19,12 +19,12 @@ phase and surface from ``get_kv_cache_spec()`` or ``initialize_kv_cache()``.
 from __future__ import annotations
 
 import pytest
+from relkit import AllocationSpy, Rig, frozen_gc
+
 from initpipe import KV, MODEL, StageError
 from initpipe.testing import clear_faults, inject_fault
-
 from initpipe_vllm import catalog
 from initpipe_vllm.runner import start_inputs
-from relkit import AllocationSpy, Rig, frozen_gc
 
 ORDER = catalog().order
 KV_STAGES = catalog().phase_order(KV)
@@ -59,7 +59,7 @@ def _check_error(err, name, phase, completed):
     assert err.stage == name and err.phase == phase
     assert err.qualname == catalog().specs[name].qualname
     assert list(err.completed) == completed
-    assert list(err.rolled_back) == completed[::-1]      # every completed stage undone
+    assert list(err.rolled_back) == completed[::-1]  # every completed stage undone
     assert err.teardown_error is None
     assert isinstance(err.__cause__, Injected)
     text = str(err)
@@ -77,18 +77,20 @@ def _check_cleaned(rig, batch_before):
     ctx = rig.cfg.compilation_config.static_forward_context
     assert all(layer.kv_cache.numel() == 0 for layer in ctx.values())
     assert runner.cudagraph_dispatcher.keys_initialized is False
-    assert runner.input_batch is batch_before                # no half-built input batch
+    assert runner.input_batch is batch_before  # no half-built input batch
     run = runner.initpipe_run
     assert run.completed(KV) == [] and not run.kv_ready
-    assert not any(k in run.outputs for k in ("allocated_kv_caches", "kv_caches",
-                                              "runner_kv_caches", "attn_groups"))
+    assert not any(
+        k in run.outputs
+        for k in ("allocated_kv_caches", "kv_caches", "runner_kv_caches", "attn_groups")
+    )
 
 
 @pytest.mark.parametrize("when", list(WHEN))
 @pytest.mark.parametrize("name", KV_STAGES)
 def test_kv_stage_fault_rolls_back_frees_kv_and_retry_works(rig, name, when) -> None:
     after = WHEN[when]
-    rig.init()                                               # a KV cache in place
+    rig.init()  # a KV cache in place
     assert rig.diff(rig.clean) == []
     batch, ssu = rig.runner.input_batch, _ssu_globals()
     n_before = len(rig.spy.allocations)
@@ -105,8 +107,8 @@ def test_kv_stage_fault_rolls_back_frees_kv_and_retry_works(rig, name, when) -> 
     allocated = len(rig.spy.allocations) - n_before
     reached = KV_STAGES.index(name) + after > KV_STAGES.index("allocated_kv_caches")
     assert allocated == (1 if reached else 0)
-    assert rig.spy.live() == 0                               # old and failed caches freed
-    rig.init()                                               # the retry
+    assert rig.spy.live() == 0  # old and failed caches freed
+    rig.init()  # the retry
     assert rig.diff(rig.clean) == []
     assert rig.runner.initpipe_run.kv_ready
 
@@ -134,7 +136,7 @@ def test_model_stage_fault_surfaces_from_the_runner_and_retry_works(rig, name, w
     assert run.state == "started" and run.completed(MODEL) == []
     assert rig.spy.live() == 0
     _check_cleaned(rig, batch)
-    assert runner.get_kv_cache_spec() == rig.specs           # the retry
+    assert runner.get_kv_cache_spec() == rig.specs  # the retry
     rig.init()
     assert rig.diff(rig.clean) == []
 

@@ -22,7 +22,7 @@ def result():
 
 
 def test_no_kv_storage_or_view_outlives_its_kv_phase(result) -> None:
-    assert result["storages_tracked"] >= CYCLES          # one backing buffer per cycle
+    assert result["storages_tracked"] >= CYCLES  # one backing buffer per cycle
     assert result["current_storages_at_largest"] == 1
     assert result["storages_alive_after_cleanup"] == 0
     assert result["views_alive_after_cleanup"] == 0

@@ -20,13 +20,26 @@ def build(folder: Path, vocab_size: int = 512) -> None:
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
-        special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B [SEP]",
+        special_tokens=[("[CLS]", 2), ("[SEP]", 3)],
+    )
     tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512,
-        "pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]",
-        "sep_token": "[SEP]", "mask_token": "[MASK]"}, indent=1) + "\n")
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "model_max_length": 512,
+                "pad_token": "[PAD]",
+                "unk_token": "[UNK]",
+                "cls_token": "[CLS]",
+                "sep_token": "[SEP]",
+                "mask_token": "[MASK]",
+            },
+            indent=1,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ import pytest
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 pytest.importorskip("vllm")
 
-from initpipe_vllm.runner import pipelined_runner_class  # noqa: E402
-from initpipe_vllm.testing import build_runner, plan_kv_cache_config, tiny_vllm_config  # noqa: E402
+from initpipe_vllm.runner import pipelined_runner_class
+from initpipe_vllm.testing import build_runner, plan_kv_cache_config, tiny_vllm_config
 
 
 @contextmanager
@@ -47,8 +47,14 @@ class Made:
 def make() -> Callable[..., Made]:
     """``make(model, pipelined=False, plan=True, **engine_overrides)`` -> :class:`Made`."""
 
-    def _make(model: str, *, pipelined: bool = False, plan: bool = True,
-              update_block_size: bool = True, **overrides: Any) -> Made:
+    def _make(
+        model: str,
+        *,
+        pipelined: bool = False,
+        plan: bool = True,
+        update_block_size: bool = True,
+        **overrides: Any,
+    ) -> Made:
         cfg = tiny_vllm_config(model, **overrides)
         cls = pipelined_runner_class() if pipelined else None
         runner = build_runner(cfg, cls, update_block_size=update_block_size)

@@ -21,8 +21,14 @@ import pytest
 from initpipe_vllm.testing import model_dir
 
 GROUPS = {
-    "attention": ["tiny-llama", "tiny-gemma2", "tiny-bert", "tiny-gemma4-kvshare",
-                  "tiny-gemma4-fastprefill", "tiny-llama-connector"],
+    "attention": [
+        "tiny-llama",
+        "tiny-gemma2",
+        "tiny-bert",
+        "tiny-gemma4-kvshare",
+        "tiny-gemma4-fastprefill",
+        "tiny-llama-connector",
+    ],
     # MLA, Mamba2 hybrid, short-conv hybrid, attention sinks + MoE + sliding window.
     "hybrid": ["tiny-deepseek-mla", "tiny-nemotron-h", "tiny-lfm2", "tiny-gpt-oss"],
 }
@@ -65,12 +71,14 @@ def _check(rep: dict) -> dict:
 def test_stock_and_pipelined_engines_are_identical(reports, model) -> None:
     stock = _check(reports[model])
     snap = stock["after_a"]
-    if model != "tiny-bert":       # decoder KV blocks were written by the workload
+    if model != "tiny-bert":  # decoder KV blocks were written by the workload
         assert any(snap["nonzero_blocks"])
         assert stock["reinitialized"]["nonzero_blocks"] == [[] for _ in snap["nonzero_blocks"]]
-        assert (stock["profiling"]["kv_cache_config"]["num_blocks"]
-                < snap["kv_cache_config"]["num_blocks"])      # the minimal profiling cache
-    else:                          # encoder-only: no KV cache groups from the engine
+        assert (
+            stock["profiling"]["kv_cache_config"]["num_blocks"]
+            < snap["kv_cache_config"]["num_blocks"]
+        )  # the minimal profiling cache
+    else:  # encoder-only: no KV cache groups from the engine
         assert snap["runner_kv_caches"] == []
 
 
@@ -80,21 +88,24 @@ def test_the_architectures_cover_what_they_claim(reports) -> None:
 
     assert len(snap("tiny-gemma2")["attn_groups"]) == 2
     assert {g["spec"]["type"] for g in snap("tiny-gemma2")["kv_cache_config"]["groups"]} == {
-        "SlidingWindowSpec", "FullAttentionSpec"}
+        "SlidingWindowSpec",
+        "FullAttentionSpec",
+    }
     bert = snap("tiny-bert")
     assert bert["kv_cache_config"]["groups"][-1]["spec"]["type"] == "EncoderOnlyAttentionSpec"
     assert len(bert["runner_only_attn_layers"]) == 2
     kvshare = snap("tiny-gemma4-kvshare")
     assert len(kvshare["shared_kv_cache_layers"]) == 2
     heads = {g["spec"]["head_size"] for g in kvshare["kv_cache_config"]["groups"]}
-    assert heads == {32, 64}                                    # mixed head sizes
+    assert heads == {32, 64}  # mixed head sizes
     fast = snap("tiny-gemma4-fastprefill")
     assert len(fast["kv_sharing_fast_prefill_eligible_layers"]) == 2
-    assert any(g["backend_class"].startswith("FastPrefill")
-               for gs in fast["attn_groups"] for g in gs)
+    assert any(
+        g["backend_class"].startswith("FastPrefill") for gs in fast["attn_groups"] for g in gs
+    )
     assert snap("tiny-deepseek-mla")["attn_groups"][0][0]["backend"] == "CPU_MLA"
     meta = reports["tiny-llama-connector"]["meta"]["pipelined"]
-    assert meta["kv_connector_registered"] is True          # ExampleConnector, not profiling
+    assert meta["kv_connector_registered"] is True  # ExampleConnector, not profiling
     assert reports["tiny-llama"]["meta"]["pipelined"]["kv_connector_registered"] is False
     for hybrid in ("tiny-nemotron-h", "tiny-lfm2"):
         assert snap(hybrid)["init_slot_mapping_modes"][0] == "SlotMappingMode.NONE"

@@ -15,17 +15,19 @@ from __future__ import annotations
 import copy
 
 import pytest
-from initpipe import MODEL, stage
 
+from initpipe import MODEL, stage
 from initpipe_vllm import catalog
 from initpipe_vllm.model_phase import attn_backends as real_attn_backends
 from initpipe_vllm.runner import pipelined_runner_class
-from initpipe_vllm.testing.snapshot import diff_snapshots, runner_snapshot
 from initpipe_vllm.testing import build_runner, plan_kv_cache_config, tiny_vllm_config
+from initpipe_vllm.testing.snapshot import diff_snapshots, runner_snapshot
 
-BUILDERS = {"FLASH_ATTN": "FlashAttentionMetadataBuilder",
-            "TRITON_ATTN": "TritonAttentionMetadataBuilder",
-            "CPU_ATTN": "CPUAttentionMetadataBuilder"}
+BUILDERS = {
+    "FLASH_ATTN": "FlashAttentionMetadataBuilder",
+    "TRITON_ATTN": "TritonAttentionMetadataBuilder",
+    "CPU_ATTN": "CPUAttentionMetadataBuilder",
+}
 
 
 def _backend(name: str) -> type:
@@ -44,16 +46,19 @@ def forced(name: str):
 
         out = real_attn_backends(attention_layers, kv_sharing_fast_prefill_eligible_layers)
         cls = _backend(name)
-        return {n: cls if isinstance(attention_layers[n], Attention) else b
-                for n, b in out.items()}
+        return {n: cls if isinstance(attention_layers[n], Attention) else b for n, b in out.items()}
 
     return forced_attn_backends
 
 
 def _without_layer_backends(snap):
     # The stock runner's layers were patched; the pipelined runner's layers keep CPU_ATTN.
-    return {**snap, "layers": {n: {k: v for k, v in d.items() if k != "backend"}
-                               for n, d in snap["layers"].items()}}
+    return {
+        **snap,
+        "layers": {
+            n: {k: v for k, v in d.items() if k != "backend"} for n, d in snap["layers"].items()
+        },
+    }
 
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-gemma2"])
@@ -65,14 +70,14 @@ def test_forced_backend_kv_phase_matches_stock_runner_methods(model, backend) ->
     cls = _backend(backend)
     stock_cfg = tiny_vllm_config(model)
     stock = build_runner(stock_cfg)
-    kv = plan_kv_cache_config(stock)                 # planned with the CPU backends
+    kv = plan_kv_cache_config(stock)  # planned with the CPU backends
     for layer in stock_cfg.compilation_config.static_forward_context.values():
         if isinstance(layer, Attention):
             layer.attn_backend = cls
     piped_cfg = tiny_vllm_config(model)
     pipeline = catalog().replace("attn_backends", forced(backend))
     piped = build_runner(piped_cfg, pipelined_runner_class(), pipeline=pipeline)
-    plan_kv_cache_config(piped)                      # layout + model phase, as the engine does
+    plan_kv_cache_config(piped)  # layout + model phase, as the engine does
 
     with set_current_vllm_config(stock_cfg):
         stock.initialize_kv_cache(copy.deepcopy(kv))
@@ -87,7 +92,7 @@ def test_forced_backend_kv_phase_matches_stock_runner_methods(model, backend) ->
     assert {g["builders"][0]["class"] for g in groups} == {BUILDERS[backend]}
     assert b["kv_cache_layout"] == "LBHNC" and b["block_size"] == 128
     assert b["kernel_block_sizes"] == [128] * len(b["attn_groups"])
-    if backend == "TRITON_ATTN":                     # scratch tensors on the config's device
+    if backend == "TRITON_ATTN":  # scratch tensors on the config's device
         settings = groups[0]["builders"][0]["settings"]
         assert any(isinstance(v, dict) and "tensor" in v for v in settings.values())
 
@@ -111,8 +116,11 @@ def test_cudagraph_resolution_with_flash_attention_matches_stock_and_survives_te
     for layer in stock_cfg.compilation_config.static_forward_context.values():
         if isinstance(layer, Attention):
             layer.attn_backend = _backend("FLASH_ATTN")
-    piped = build_runner(piped_cfg, pipelined_runner_class(),
-                         pipeline=catalog().replace("attn_backends", forced("FLASH_ATTN")))
+    piped = build_runner(
+        piped_cfg,
+        pipelined_runner_class(),
+        pipeline=catalog().replace("attn_backends", forced("FLASH_ATTN")),
+    )
     plan_kv_cache_config(piped)
     full(stock_cfg), full(piped_cfg)
 
@@ -131,10 +139,10 @@ def test_cudagraph_resolution_with_flash_attention_matches_stock_and_survives_te
     assert piped.cudagraph_dispatcher.keys_initialized is False
     assert not any(piped.cudagraph_dispatcher.cudagraph_keys.values())
     assert piped_cfg.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
-    for keys in stock.cudagraph_dispatcher.cudagraph_keys.values():   # vLLM's profiling end
+    for keys in stock.cudagraph_dispatcher.cudagraph_keys.values():  # vLLM's profiling end
         keys.clear()
     stock.cudagraph_dispatcher.keys_initialized = False
     stock._cleanup_profiling_kv_cache()
-    for cfg in (stock_cfg, piped_cfg):         # the worker sets it before each real KV init
+    for cfg in (stock_cfg, piped_cfg):  # the worker sets it before each real KV init
         cfg.cache_config.num_gpu_blocks = kv.num_blocks
     assert init_both() == first

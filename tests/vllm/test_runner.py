@@ -14,18 +14,27 @@ import weakref
 
 import pytest
 import torch
+
 from initpipe import KV, stage
 from initpipe.errors import StageError
-
 from initpipe_vllm import catalog
 from initpipe_vllm.runner import engine_kv_cache_config
 from initpipe_vllm.testing.snapshot import diff_snapshots, runner_snapshot
 
-MODELS = ["tiny-llama", "tiny-gemma2", "tiny-gemma4-kvshare", "tiny-gemma4-fastprefill",
-          "tiny-bert", "tiny-nemotron-h", "tiny-lfm2", "tiny-deepseek-mla", "tiny-gpt-oss",
-          # Jamba (Mamba1) initializes on CPU, but its forward needs selective_scan_fwd,
-          # which the CPU build lacks: covered here, not by the engine-level test.
-          "tiny-jamba"]
+MODELS = [
+    "tiny-llama",
+    "tiny-gemma2",
+    "tiny-gemma4-kvshare",
+    "tiny-gemma4-fastprefill",
+    "tiny-bert",
+    "tiny-nemotron-h",
+    "tiny-lfm2",
+    "tiny-deepseek-mla",
+    "tiny-gpt-oss",
+    # Jamba (Mamba1) initializes on CPU, but its forward needs selective_scan_fwd,
+    # which the CPU build lacks: covered here, not by the engine-level test.
+    "tiny-jamba",
+]
 
 
 def _stock_cleanup(runner) -> None:
@@ -61,7 +70,7 @@ def test_init_cleanup_profiling_and_reinit_match_stock(make, model) -> None:
     for made in (stock, piped):
         _stock_cleanup(made.runner)
     _same(stock, piped)
-    for made in (stock, piped):                       # vLLM's minimal profiling pass
+    for made in (stock, piped):  # vLLM's minimal profiling pass
         _init(made, made.kv_cache_config, is_profiling=True)
     _same(stock, piped)
     for made in (stock, piped):
@@ -73,7 +82,7 @@ def test_init_cleanup_profiling_and_reinit_match_stock(make, model) -> None:
 def test_teardown_leaves_the_runner_as_vllms_cleanup(make) -> None:
     stock, piped = _pair(make, "tiny-gemma4-kvshare")
     _init(stock), _init(piped)
-    piped.runner._cleanup_profiling_kv_cache()      # the run's KV teardown, keys included
+    piped.runner._cleanup_profiling_kv_cache()  # the run's KV teardown, keys included
     _stock_cleanup(stock.runner)
     _same(stock, piped)
     snap = runner_snapshot(piped.runner)
@@ -97,14 +106,14 @@ def test_model_phase_runs_at_get_kv_cache_spec_with_the_final_block_size(make) -
     piped = make("tiny-llama", pipelined=True, plan=False, update_block_size=False)
     stock = make("tiny-llama", plan=False, update_block_size=False)
     run = piped.runner.initpipe_run
-    assert run.state == "started"                   # load_model did not run the model phase
+    assert run.state == "started"  # load_model did not run the model phase
     for made in (stock, piped):
         made.cfg.cache_config.block_size = 64
     spec = piped.runner.get_kv_cache_spec()
     assert {s.block_size for s in spec.values()} == {64}
     assert spec == stock.runner.get_kv_cache_spec()
     assert piped.runner.get_kv_cache_spec() == spec and piped.runner.initpipe_run is run  # memo
-    piped.cfg.cache_config.block_size = 32          # changed again before any KV phase
+    piped.cfg.cache_config.block_size = 32  # changed again before any KV phase
     assert {s.block_size for s in piped.runner.get_kv_cache_spec().values()} == {32}
 
 
@@ -117,9 +126,10 @@ def test_block_size_change_with_a_kv_cache_in_place_is_refused(make) -> None:
 
 
 def test_get_kv_cache_spec_before_load_model_says_what_to_do(make) -> None:
+    from vllm.config import set_current_vllm_config
+
     from initpipe_vllm.runner import pipelined_runner_class
     from initpipe_vllm.testing import ensure_distributed, tiny_vllm_config
-    from vllm.config import set_current_vllm_config
 
     cfg = tiny_vllm_config("tiny-llama")
     ensure_distributed(cfg)
@@ -136,10 +146,12 @@ def test_resize_without_restart_frees_the_old_cache(make) -> None:
     _init(piped)
     old = weakref.ref(piped.runner.kv_caches[0])
     bigger = plan_kv_cache_config(piped.runner, 16 << 20)
-    _init(piped, bigger)                             # no cleanup call: the run tears down
+    _init(piped, bigger)  # no cleanup call: the run tears down
     gc.collect()
     assert old() is None
-    assert piped.runner.kv_caches[0].shape[0] == bigger.num_blocks > piped.kv_cache_config.num_blocks
+    assert (
+        piped.runner.kv_caches[0].shape[0] == bigger.num_blocks > piped.kv_cache_config.num_blocks
+    )
     assert piped.runner.initpipe_run.kv_generation == 2
 
 
@@ -149,7 +161,7 @@ def test_max_model_len_is_read_at_kv_time(make) -> None:
     stock, piped = _pair(make, "tiny-llama")
     for made in (stock, piped):
         made.runner.get_kv_cache_spec()
-        made.cfg.model_config.max_model_len = 128          # what Worker.update_max_model_len does
+        made.cfg.model_config.max_model_len = 128  # what Worker.update_max_model_len does
         made.runner.max_model_len = 128
         _init(made)
     _same(stock, piped)
@@ -168,7 +180,7 @@ def _failing_once(name: str):
     original = catalog().specs[name]
     calls = []
 
-    @functools.wraps(original.func)   # the stage's signature (inputs) is the original's
+    @functools.wraps(original.func)  # the stage's signature (inputs) is the original's
     def wrapper(*args, **kwargs):
         calls.append(1)
         if len(calls) == 1:
@@ -178,9 +190,16 @@ def _failing_once(name: str):
     return stage(wrapper, needs=KV, provides=original.provides, teardown=original.teardown)
 
 
-@pytest.mark.parametrize("failing", ["attention_groups", "metadata_builders",
-                                     "allocated_kv_caches", "runner_kv_caches",
-                                     "kv_connector_registration"])
+@pytest.mark.parametrize(
+    "failing",
+    [
+        "attention_groups",
+        "metadata_builders",
+        "allocated_kv_caches",
+        "runner_kv_caches",
+        "kv_connector_registration",
+    ],
+)
 def test_a_failing_stage_rolls_back_and_a_retry_works(make, failing) -> None:
     from initpipe_vllm.runner import pipelined_runner_class
     from initpipe_vllm.testing import build_runner, plan_kv_cache_config, tiny_vllm_config
@@ -200,7 +219,7 @@ def test_a_failing_stage_rolls_back_and_a_retry_works(make, failing) -> None:
         ctx = cfg.compilation_config.static_forward_context
         assert all(layer.kv_cache.numel() == 0 for layer in ctx.values())
         assert runner.cudagraph_dispatcher.keys_initialized is False
-        runner.initialize_kv_cache(copy.deepcopy(kv))   # the retry
+        runner.initialize_kv_cache(copy.deepcopy(kv))  # the retry
     assert len(runner.kv_caches) == 2 and runner.attn_groups
 
 

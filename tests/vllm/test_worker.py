@@ -23,18 +23,27 @@ def test_gpu_variant_overrides_only_the_runner_factory_and_the_v2_check() -> Non
     cls = worker_mod.PipelinedGPUWorker
     assert issubclass(cls, Worker)
     assert set(vars(cls)) - {"__module__", "__qualname__", "__doc__"} == {
-        "__init__", "_make_model_runner"}
+        "__init__",
+        "_make_model_runner",
+    }
     # the rest are the shared tracing wrappers, the same on both platforms
-    traced = {"load_model", "determine_available_memory", "initialize_from_config",
-              "compile_or_warm_up_model", "shutdown"}
+    traced = {
+        "load_model",
+        "determine_available_memory",
+        "initialize_from_config",
+        "compile_or_warm_up_model",
+        "shutdown",
+    }
     assert all(getattr(cls, m) is getattr(worker_mod.PipelinedCPUWorker, m) for m in traced)
 
 
 def test_vllm_resolves_the_worker_by_qualname() -> None:
     from vllm.utils.import_utils import resolve_obj_by_qualname
 
-    assert resolve_obj_by_qualname("initpipe_vllm.worker.PipelinedWorker") is \
-        worker_mod.PipelinedCPUWorker
+    assert (
+        resolve_obj_by_qualname("initpipe_vllm.worker.PipelinedWorker")
+        is worker_mod.PipelinedCPUWorker
+    )
 
 
 def test_model_runner_v2_is_refused_before_any_device_work() -> None:

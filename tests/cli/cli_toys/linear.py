@@ -14,7 +14,7 @@ def layers(model, vllm_config):
 @stage(needs="model")
 def spec(layers):
     """Describe each layer's KV cache."""
-    return {name: 16 for name in layers}
+    return dict.fromkeys(layers, 16)
 
 
 @stage(needs="kv_cache_config")

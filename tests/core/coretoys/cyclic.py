@@ -1,4 +1,5 @@
 """Toy: a -> b -> c -> a, a cycle through three data keys."""
+
 from initpipe import stage
 
 INITPIPE_INPUTS = {"model": ["model"]}

@@ -1,4 +1,5 @@
 """Toy: a diamond top -> (left, right) -> bottom, with a multi-output stage."""
+
 from initpipe import stage
 
 INITPIPE_INPUTS = {"start": [], "model": ["model"], "kv_cache_config": ["kv_cache_config"]}

@@ -1,4 +1,5 @@
 """Toy: two stages both provide 'kv_caches'."""
+
 from initpipe import stage
 
 INITPIPE_INPUTS = {"model": ["model"], "kv_cache_config": ["kv_cache_config"]}

@@ -1,4 +1,5 @@
 """Toy: a linear chain a -> b (model) -> c -> d (KV)."""
+
 from initpipe import stage
 
 INITPIPE_INPUTS = {"start": ["config"], "model": ["model"], "kv_cache_config": ["kv_cache_config"]}

@@ -1,4 +1,5 @@
 """Toy: two stages need 'kv_cache_confg' (a typo), which nobody provides."""
+
 from initpipe import stage
 
 INITPIPE_INPUTS = {"model": ["model"], "kv_cache_config": ["kv_cache_config"]}

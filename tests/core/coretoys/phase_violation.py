@@ -1,4 +1,5 @@
 """Toy: a model stage depends (through another model stage) on a KV stage."""
+
 from initpipe import stage
 
 INITPIPE_INPUTS = {"model": ["model"], "kv_cache_config": ["kv_cache_config"]}

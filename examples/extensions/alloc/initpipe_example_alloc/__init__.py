@@ -28,12 +28,25 @@ def _release(views: dict[str, Any]) -> None:
 
 
 @stage(needs="kv_cache_config", provides="allocated_kv_caches", teardown=_release)
-def accounted_allocation(vllm_config, device, runner_kv_cache_config, kernel_block_sizes,
-                         kv_cache_layout, kv_cache_allocation_context, jit_warmup_registry):
+def accounted_allocation(
+    vllm_config,
+    device,
+    runner_kv_cache_config,
+    kernel_block_sizes,
+    kv_cache_layout,
+    kv_cache_allocation_context,
+    jit_warmup_registry,
+):
     """vLLM's allocation (through the catalog stage), with every byte accounted for."""
     views = kv_tensors.allocated_kv_caches(
-        vllm_config, device, runner_kv_cache_config, kernel_block_sizes, kv_cache_layout,
-        kv_cache_allocation_context, jit_warmup_registry)
+        vllm_config,
+        device,
+        runner_kv_cache_config,
+        kernel_block_sizes,
+        kv_cache_layout,
+        kv_cache_allocation_context,
+        jit_warmup_registry,
+    )
     LEDGER.append(("allocate", _distinct_bytes(views)))
     return views
 

@@ -1,4 +1,5 @@
 """A toy extension package for the core tests (used with tests/core/coretoys/linear.py)."""
+
 from initpipe import Extension, stage
 
 

@@ -1,4 +1,5 @@
 """Test-only extension: a binding stage that always fails (after the KV allocation)."""
+
 from initpipe import stage
 
 
