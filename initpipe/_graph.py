@@ -125,9 +125,9 @@ def _validate_references(by_name: Mapping[str, StageSpec]) -> list[GraphProblem]
     return problems
 
 
-def build_graph(by_name: Mapping[str, StageSpec], producer: Mapping[str, str]) -> nx.DiGraph:
+def build_graph(by_name: Mapping[str, StageSpec], producer: Mapping[str, str]) -> nx.DiGraph[str]:
     """Return the DiGraph of stages: data edges (``keys``) and ordering edges (``order``)."""
-    g = nx.DiGraph()
+    g: nx.DiGraph[str] = nx.DiGraph()
     for name, s in by_name.items():
         g.add_node(name, spec=s)
     for name, s in by_name.items():
@@ -148,20 +148,20 @@ def build_graph(by_name: Mapping[str, StageSpec], producer: Mapping[str, str]) -
     return g
 
 
-def _add_order(g: nx.DiGraph, a: str, b: str) -> None:
+def _add_order(g: nx.DiGraph[str], a: str, b: str) -> None:
     if g.has_edge(a, b):
         g.edges[a, b]["order"] = True
     else:
         g.add_edge(a, b, keys=[], order=True)
 
 
-def edge_label(g: nx.DiGraph, a: str, b: str) -> str:
+def edge_label(g: nx.DiGraph[str], a: str, b: str) -> str:
     """Return the key(s) of edge a -> b, or ``after/before`` for an ordering-only edge."""
     data = g.edges[a, b]
     return ", ".join(data["keys"]) if data["keys"] else "after/before"
 
 
-def _validate_cycles(g: nx.DiGraph) -> list[GraphProblem]:
+def _validate_cycles(g: nx.DiGraph[str]) -> list[GraphProblem]:
     if nx.is_directed_acyclic_graph(g):
         return []
     problems: list[GraphProblem] = []
@@ -182,7 +182,7 @@ def _validate_cycles(g: nx.DiGraph) -> list[GraphProblem]:
 
 
 def _validate_phases(
-    g: nx.DiGraph, by_name: Mapping[str, StageSpec], kv_inputs: Iterable[str]
+    g: nx.DiGraph[str], by_name: Mapping[str, StageSpec], kv_inputs: Iterable[str]
 ) -> list[GraphProblem]:
     # Multi-source BFS from everything of the KV phase (its stages and its inputs), keeping
     # parents, so each model stage reached gets one concrete path to report.
@@ -219,7 +219,7 @@ def _validate_phases(
     return problems
 
 
-def order_graph(g: nx.DiGraph) -> list[str]:
+def order_graph(g: nx.DiGraph[str]) -> list[str]:
     """Topological order, model phase first, ties broken by name (hash-seed independent)."""
     return list(
         nx.lexicographical_topological_sort(g, key=lambda n: (_RANK[g.nodes[n]["spec"].needs], n))
@@ -228,7 +228,7 @@ def order_graph(g: nx.DiGraph) -> list[str]:
 
 def validate(
     specs: list[StageSpec], inputs: Mapping[str, Mapping[str, Any]]
-) -> tuple[dict[str, StageSpec], dict[str, str], nx.DiGraph, list[GraphProblem]]:
+) -> tuple[dict[str, StageSpec], dict[str, str], nx.DiGraph[str], list[GraphProblem]]:
     """Run every validation rule; return (stages by name, producers, graph, problems)."""
     by_name, problems = _validate_names(specs)
     producer, dup = _validate_producers(by_name, inputs)

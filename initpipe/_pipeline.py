@@ -68,7 +68,7 @@ class Pipeline:
         problems += more
         if problems:
             raise PipelineValidationError(problems)
-        self._graph: nx.DiGraph = nx.freeze(graph)
+        self._graph: nx.DiGraph[str] = nx.freeze(graph)
         self._order: tuple[str, ...] = tuple(order_graph(graph))
         self._specs: Mapping[str, StageSpec] = MappingProxyType(
             {n: by_name[n] for n in self._order}
@@ -97,7 +97,7 @@ class Pipeline:
         return self._inputs
 
     @property
-    def graph(self) -> nx.DiGraph:
+    def graph(self) -> nx.DiGraph[str]:
         """The frozen networkx graph: nodes are stage names (attribute ``spec``); an edge
         carries ``keys`` (data keys) and ``order`` (an ``after``/``before`` made it)."""
         return self._graph

@@ -161,7 +161,7 @@ class Trace:
         """Latest successful duration of each stage (re-runs overwrite earlier ones)."""
         return {r.name: r.duration for r in self._records if r.kind == STAGE and r.outcome == "ok"}
 
-    def to_dict(self, graph: nx.DiGraph | None = None) -> dict[str, Any]:
+    def to_dict(self, graph: nx.DiGraph[str] | None = None) -> dict[str, Any]:
         """Return ``{"version", "wall_origin", "events", "critical_path"?}`` as plain data."""
         out: dict[str, Any] = {
             "version": 1,
@@ -203,7 +203,7 @@ class Trace:
         ]
         return {"traceEvents": meta + events, "displayTimeUnit": "ms"}
 
-    def write_json(self, path: str | os.PathLike[str], graph: nx.DiGraph | None = None) -> Path:
+    def write_json(self, path: str | os.PathLike[str], graph: nx.DiGraph[str] | None = None) -> Path:
         """Write :meth:`to_dict` to ``path`` (see :func:`initpipe.files.write_file`)."""
         return _write(path, self.to_dict(graph))
 
@@ -236,7 +236,7 @@ def _write(path: str | os.PathLike[str], data: Any) -> Path:
     return write_file(path, json.dumps(data, indent=1))
 
 
-def critical_path(graph: nx.DiGraph, durations: Mapping[str, float]) -> list[tuple[str, float]]:
+def critical_path(graph: nx.DiGraph[str], durations: Mapping[str, float]) -> list[tuple[str, float]]:
     """Return the longest path through ``graph`` weighted by stage duration.
 
     Args:
@@ -250,7 +250,7 @@ def critical_path(graph: nx.DiGraph, durations: Mapping[str, float]) -> list[tup
         return []
     # Node weights become edge weights: every edge into v weighs v's duration, and a
     # virtual source feeds every node so that the first stage's own time counts too.
-    g = nx.DiGraph()
+    g: nx.DiGraph[object] = nx.DiGraph()
     src = object()
     for n in graph.nodes:
         g.add_edge(src, n, w=durations.get(n, 0.0))
@@ -259,10 +259,10 @@ def critical_path(graph: nx.DiGraph, durations: Mapping[str, float]) -> list[tup
     path = nx.dag_longest_path(
         g,
         weight="w",
-        default_weight=0.0,
+        default_weight=0,  # every edge has a weight
         topo_order=[src, *nx.lexicographical_topological_sort(graph)],
     )
-    return [(n, durations.get(n, 0.0)) for n in path if n is not src]
+    return [(n, durations.get(n, 0.0)) for n in path if isinstance(n, str)]  # drop `src`
 
 
 def blame(durations: Mapping[str, float]) -> list[tuple[str, float]]:

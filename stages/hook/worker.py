@@ -1,8 +1,8 @@
 """Worker classes that run the runner's initialization through the initpipe catalog.
 
 What belongs here: the thin worker hook only — it swaps vLLM's runner for the pipelined
-one and changes nothing else (issue 4 adds progress logging, trace files, the plugin entry
-point and ``initpipe run``). Replaces the runner construction in
+one, records vLLM's own startup steps as spans of the trace and writes the trace file on
+request (:mod:`.progress`); it changes nothing else. Replaces the runner construction in
 ``vllm/v1/worker/cpu_worker.py`` (``CPUWorker.init_device``) and
 ``vllm/v1/worker/gpu_worker.py`` (``Worker._make_model_runner``).
 

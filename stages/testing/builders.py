@@ -5,8 +5,9 @@ distributed setup, a loaded runner (stock or pipelined), and the engine-side ste
 the two phases (block-size update, KV layout resolution, ``get_kv_cache_configs``), so one
 stage can be called directly with real inputs. It replays what ``EngineCore.__init__`` /
 ``_initialize_kv_caches`` (``vllm/v1/engine/core.py``) and the executor
-(``vllm/v1/executor/uniproc_executor.py``) do around the runner. (It becomes the pytest
-plugin's fixtures later.) Importing it imports vllm; only test code should.
+(``vllm/v1/executor/uniproc_executor.py``) do around the runner. The pytest plugin's
+fixtures (:mod:`.pytest_plugin`) are built on these. Importing it imports vllm; only test
+code should.
 """
 
 from __future__ import annotations
