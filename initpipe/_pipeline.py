@@ -25,6 +25,17 @@ __all__ = ["Pipeline"]
 InputDecl = Sequence[str] | Mapping[str, Any]
 
 
+def module_inputs(module: types.ModuleType) -> dict[str, Any]:
+    """The ``*_inputs`` arguments a module declares in ``INITPIPE_INPUTS`` (defaults:
+    no start inputs, ``model``, ``kv_cache_config``)."""
+    declared = getattr(module, "INITPIPE_INPUTS", None) or {}
+    return {
+        "start_inputs": declared.get(START, ()),
+        "model_inputs": declared.get(MODEL, (MODEL,)),
+        "kv_inputs": declared.get(KV, (KV,)),
+    }
+
+
 class Pipeline:
     """A validated DAG of stages, ordered by networkx, with per-phase external inputs.
 
@@ -50,8 +61,8 @@ class Pipeline:
         stages: Iterable[Any],
         *,
         start_inputs: InputDecl = (),
-        model_inputs: InputDecl = ("model",),
-        kv_inputs: InputDecl = ("kv_cache_config",),
+        model_inputs: InputDecl = (MODEL,),
+        kv_inputs: InputDecl = (KV,),
         name: str = "pipeline",
     ) -> None:
         self._name = name
@@ -139,15 +150,8 @@ class Pipeline:
         """
         mod = importlib.import_module(module) if isinstance(module, str) else module
         stages = [v for v in vars(mod).values() if get_spec(v) is not None]
-        declared = getattr(mod, "INITPIPE_INPUTS", None)
-        if declared and not any(k.endswith("_inputs") for k in kwargs):
-            kwargs.update(
-                {
-                    "start_inputs": declared.get(START, ()),
-                    "model_inputs": declared.get(MODEL, ("model",)),
-                    "kv_inputs": declared.get(KV, ("kv_cache_config",)),
-                }
-            )
+        if getattr(mod, "INITPIPE_INPUTS", None) and not any(k.endswith("_inputs") for k in kwargs):
+            kwargs.update(module_inputs(mod))
         kwargs.setdefault("name", mod.__name__)
         return cls(stages, **kwargs)
 

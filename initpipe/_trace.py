@@ -203,7 +203,9 @@ class Trace:
         ]
         return {"traceEvents": meta + events, "displayTimeUnit": "ms"}
 
-    def write_json(self, path: str | os.PathLike[str], graph: nx.DiGraph[str] | None = None) -> Path:
+    def write_json(
+        self, path: str | os.PathLike[str], graph: nx.DiGraph[str] | None = None
+    ) -> Path:
         """Write :meth:`to_dict` to ``path`` (see :func:`initpipe.files.write_file`)."""
         return _write(path, self.to_dict(graph))
 
@@ -236,7 +238,9 @@ def _write(path: str | os.PathLike[str], data: Any) -> Path:
     return write_file(path, json.dumps(data, indent=1))
 
 
-def critical_path(graph: nx.DiGraph[str], durations: Mapping[str, float]) -> list[tuple[str, float]]:
+def critical_path(
+    graph: nx.DiGraph[str], durations: Mapping[str, float]
+) -> list[tuple[str, float]]:
     """Return the longest path through ``graph`` weighted by stage duration.
 
     Args:

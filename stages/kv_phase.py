@@ -34,15 +34,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from initpipe import stage
+from initpipe import KV, stage
 
 from .errors import KVCacheConfigError
 from .types import InputBatchGeometry, RunnerSettings
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.model_executor.layers.attention import Attention
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
     from vllm.v1.attention.backend import AttentionBackend
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
@@ -60,8 +61,6 @@ __all__ = [
     "reorder_batch_threshold",
     "runner_kv_cache_config",
 ]
-
-KV = "kv_cache_config"
 
 
 def _jit(registry: Any) -> contextlib.AbstractContextManager[Any]:
@@ -96,7 +95,8 @@ def encoder_only_kv_cache_group(
     block_size = vllm_config.cache_config.block_size
     by_spec: dict[Any, list[str]] = {}
     for name in encoder_only_layers:
-        layer = attention_layers[name]
+        # Encoder-only layers are ``Attention`` layers (the model phase checked attn_type).
+        layer = cast("Attention", attention_layers[name])
         spec = EncoderOnlyAttentionSpec(
             block_size=block_size,
             num_kv_heads=layer.num_kv_heads,

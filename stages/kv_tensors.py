@@ -21,7 +21,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from initpipe import stage
+from initpipe import KV, stage
 
 from .errors import KVCacheConfigError
 from .kv_phase import _jit
@@ -38,8 +38,6 @@ __all__ = [
     "kv_connector_registration",
     "runner_kv_caches",
 ]
-
-KV = "kv_cache_config"
 
 
 def resolve_layout(kv_cache_layout: Any, vllm_config: VllmConfig) -> Any:

@@ -31,10 +31,10 @@ stage bodies so the graph can be drawn without them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from initpipe import stage
+from initpipe import MODEL, stage
 
 from .errors import ModelPhaseError
 
@@ -54,8 +54,6 @@ __all__ = [
     "runner_only_attn_layers",
     "shared_kv_cache_layers",
 ]
-
-MODEL = "model"
 
 
 def _kv_cache_disabled() -> bool:
@@ -78,7 +76,10 @@ def attention_layers(vllm_config: VllmConfig, model: Any) -> dict[str, Attention
 
     if model is None:
         raise ModelPhaseError("attention_layers: model is None; load the model first.")
-    return dict(get_layers_from_vllm_config(vllm_config, AttentionLayerBase))
+    # vLLM's own call (gpu_model_runner.py) passes the abstract base too, which its
+    # signature (type[T], a concrete class) does not admit.
+    base: Any = AttentionLayerBase
+    return dict(get_layers_from_vllm_config(vllm_config, base))
 
 
 @stage(needs=MODEL)
@@ -111,8 +112,9 @@ def shared_kv_cache_layers(attention_layers: Mapping[str, AttentionLayerBase]) -
     return shared
 
 
-def check_sharing_order(name: str, target: str, error: type[Exception]) -> None:
-    """Raise ``error`` unless KV-sharing ``target`` is an earlier layer than ``name``."""
+def check_sharing_order(name: str, target: str, error: Callable[..., Exception]) -> None:
+    """Raise ``error(msg, layer=name)`` unless KV-sharing ``target`` is an earlier layer
+    than ``name``."""
     from vllm.model_executor.models.utils import extract_layer_index
 
     if extract_layer_index(target) >= extract_layer_index(name):

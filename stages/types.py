@@ -8,6 +8,7 @@ No torch or vllm import.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -51,6 +52,14 @@ class RunnerSettings:
         )
 
 
+def _ints(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(values)
+
+
+def _items(values: Iterable[Any]) -> tuple[Any, ...]:
+    return tuple(values)
+
+
 @attrs.frozen(kw_only=True)
 class InputBatchGeometry:
     """The KV geometry an ``InputBatch`` was built for (the runner's ``_init_*`` fields).
@@ -59,9 +68,9 @@ class InputBatchGeometry:
     ``_cleanup_profiling_kv_cache`` forces one by setting ``_init_block_sizes = []``.
     """
 
-    block_sizes: tuple[int, ...] = attrs.field(converter=tuple)
-    max_num_blocks: tuple[int, ...] = attrs.field(converter=tuple)
-    slot_mapping_modes: tuple[Any, ...] = attrs.field(converter=tuple)
+    block_sizes: tuple[int, ...] = attrs.field(converter=_ints)
+    max_num_blocks: tuple[int, ...] = attrs.field(converter=_ints)
+    slot_mapping_modes: tuple[Any, ...] = attrs.field(converter=_items)
     cp_kv_cache_interleave_size: int
 
     @classmethod

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from .._stage import PHASES
 from ..errors import UsageError
 
 __all__ = ["COMMANDS", "DELEGATED", "build_parser", "main"]
@@ -56,9 +57,7 @@ def add_graph(sub: Any) -> None:
         help="output format (default: from the -o suffix, else text)",
     )
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically)")
-    p.add_argument(
-        "--phase", choices=("model", "kv_cache_config"), help="show only the stages of one phase"
-    )
+    p.add_argument("--phase", choices=PHASES, help="show only the stages of one phase")
     p.add_argument(
         "--focus", metavar="STAGE", help="show only STAGE, its ancestors and its descendants"
     )

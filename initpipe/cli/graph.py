@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .._pipeline import Pipeline
+from .._stage import PHASES
 from .._trace import Trace, blame, critical_path
 from ..errors import (
     ExportError,
@@ -96,7 +97,7 @@ def _report_invalid(inv: _Invalid, fmt: str | None, stream: Any) -> int:
 
 
 def _summary(p: Pipeline) -> str:
-    counts = ", ".join(f"{ph}: {len(p.phase_order(ph))}" for ph in ("model", "kv_cache_config"))
+    counts = ", ".join(f"{ph}: {len(p.phase_order(ph))}" for ph in PHASES)
     ne = len(export(p)["edges"])  # counted as in every drawing: one per data key
     return (
         f"OK: pipeline {p.name!r} is valid: {len(p)} stage{'s' if len(p) != 1 else ''} "

@@ -13,7 +13,7 @@ import importlib
 import types
 from typing import Any
 
-from .._pipeline import Pipeline
+from .._pipeline import Pipeline, module_inputs
 from .._stage import get_spec
 from ..errors import TargetError
 
@@ -53,20 +53,11 @@ def _resolve(mod: types.ModuleType, path: str) -> Any:
     return obj
 
 
-def _module_inputs(mod: types.ModuleType) -> dict[str, Any]:
-    declared = getattr(mod, "INITPIPE_INPUTS", None) or {}
-    return {
-        "start_inputs": declared.get("start", ()),
-        "model_inputs": declared.get("model", ("model",)),
-        "kv_inputs": declared.get("kv_cache_config", ("kv_cache_config",)),
-    }
-
-
 def _from_object(obj: Any, mod: types.ModuleType, target: str) -> Pipeline:
     if isinstance(obj, Pipeline):
         return obj
     if isinstance(obj, (list, tuple)):
-        return Pipeline(obj, name=target, **_module_inputs(mod))
+        return Pipeline(obj, name=target, **module_inputs(mod))
     if callable(obj) and get_spec(obj) is None and not isinstance(obj, type):
         made = obj()
         if isinstance(made, (Pipeline, list, tuple)):

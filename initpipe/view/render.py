@@ -11,6 +11,8 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .._stage import KV, MODEL
+
 __all__ = [
     "CRITICAL",
     "PHASE_COLORS",
@@ -25,11 +27,11 @@ __all__ = [
 View = dict[str, Any]
 
 #: Fill and border colours per phase, shared by every drawing (and the HTML page).
-PHASE_COLORS = {"model": ("#dbeafe", "#1d4ed8"), "kv_cache_config": ("#fef3c7", "#b45309")}
+PHASE_COLORS = {MODEL: ("#dbeafe", "#1d4ed8"), KV: ("#fef3c7", "#b45309")}
 CRITICAL = "#dc2626"
 _PHASE_TITLE = {
-    "model": "model phase (runs once the model is loaded)",
-    "kv_cache_config": "kv_cache_config phase (re-runnable, once per KV config)",
+    MODEL: "model phase (runs once the model is loaded)",
+    KV: "kv_cache_config phase (re-runnable, once per KV config)",
 }
 
 

@@ -67,7 +67,9 @@ def register() -> None:
                 parallel.worker_cls,
             )
 
-    platform_cls.check_and_update_config = classmethod(check_and_update_config)
+    # Patching vLLM's platform class on purpose: vLLM looks this classmethod up on the
+    # class each time it builds a config.
+    platform_cls.check_and_update_config = classmethod(check_and_update_config)  # type: ignore[method-assign,assignment]
     setattr(platform_cls, _PATCHED, True)
 
 

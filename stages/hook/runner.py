@@ -30,7 +30,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from initpipe import KV, PhaseOrderError, Pipeline, StageError
+from initpipe import KV, PhaseOrderError, Pipeline, Run, StageError
 from initpipe.testing import ENV_FAULT, inject_faults_from_env
 
 from ..errors import UnsupportedRunnerError
@@ -181,7 +181,7 @@ class PipelinedRunnerMixin:
         self._initpipe_block_size: int | None = None
         self._initpipe_lock = threading.RLock()
 
-    def _initpipe_start(self) -> Any:
+    def _initpipe_start(self) -> Run:
         from .progress import listeners
 
         run = self.initpipe_pipeline.start(

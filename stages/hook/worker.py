@@ -146,13 +146,15 @@ def _cpu_worker() -> type:
             import vllm.v1.worker.cpu_worker as cpu_worker_module
 
             refuse_model_runner_v2(self.use_v2_model_runner)
-            saved = cpu_worker_module.CPUModelRunner
-            cpu_worker_module.CPUModelRunner = pipelined_runner_class(CPUModelRunner)
+            # The module global init_device reads (not re-exported by vLLM, hence getattr).
+            saved = getattr(cpu_worker_module, "CPUModelRunner")  # noqa: B009
+            setattr(cpu_worker_module, "CPUModelRunner", pipelined_runner_class(CPUModelRunner))  # noqa: B010
             try:
                 super().init_device()
             finally:
-                cpu_worker_module.CPUModelRunner = saved
-            if not hasattr(self.model_runner, "initpipe_run"):  # vLLM changed init_device
+                setattr(cpu_worker_module, "CPUModelRunner", saved)  # noqa: B010
+            if not hasattr(getattr(self, "model_runner", None), "initpipe_run"):
+                # vLLM changed init_device: build the pipelined runner here instead
                 self.model_runner = pipelined_runner_class(CPUModelRunner)(
                     self.vllm_config, self.device
                 )

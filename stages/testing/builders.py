@@ -41,7 +41,7 @@ def model_dir(name: str) -> Path:
     return path
 
 
-def tiny_vllm_config(model: str | Path, **overrides: Any) -> Any:
+def tiny_vllm_config(model: str | os.PathLike[str], **overrides: Any) -> Any:
     """A real ``VllmConfig`` for a local tiny model (defaults as the equivalence harness)."""
     from vllm.engine.arg_utils import EngineArgs
 

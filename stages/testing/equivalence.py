@@ -33,7 +33,9 @@ PROMPTS_A = [[1, 5, 9, 30, 7], [3, 4, 11, 2, 90, 17, 5, 6, 8]]
 PROMPTS_B = [[8, 8, 1, 44], [100, 101, 102]]
 
 
-def engine_kwargs(model_dir: str | Path, **overrides: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def engine_kwargs(
+    model_dir: str | os.PathLike[str], **overrides: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """LLM keyword arguments for a tiny local model, and its ``initpipe.json`` options."""
     model_dir = Path(model_dir)
     opts_file = model_dir / "initpipe.json"

@@ -23,7 +23,7 @@ Fixtures:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -138,7 +138,7 @@ def run_stage() -> Callable[..., Any]:
 
 
 @pytest.fixture
-def run_with_stage(initpipe_model: str) -> Callable[..., Any]:
+def run_with_stage(initpipe_model: str) -> Iterator[Callable[..., Any]]:
     """``run_with_stage(*stages)``: a pipelined runner of the catalog plus these stages, with
     both phases run on ``initpipe_model``; a stage named like a catalog stage replaces it."""
     pytest.importorskip("vllm")

@@ -452,7 +452,8 @@ def _bytes(text: str) -> int:
             f"{text!r} is not a byte count (e.g. 68719476736, 64GiB, 80GB)."
         )
     power = " kmgt".index(m.group(2).lower() or " ")
-    return int(m.group(1)) * (1024 if m.group(3) else 1000) ** power
+    scale: int = (1024 if m.group(3) else 1000) ** power
+    return int(m.group(1)) * scale
 
 
 def _positive(text: str) -> int:

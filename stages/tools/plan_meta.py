@@ -85,7 +85,7 @@ def needs_override(backend: str | None) -> bool:
 @contextlib.contextmanager
 def platform_answers(backend: str | None) -> Iterator[None]:
     """While building the model, the platform answers ``backend`` as CUDA would."""
-    if not needs_override(backend):
+    if backend is None or not needs_override(backend):
         yield
         return
     from vllm.platforms import current_platform
@@ -117,11 +117,12 @@ def platform_answers(backend: str | None) -> Iterator[None]:
         return wanted.get_path()
 
     selector._cached_get_attn_backend.cache_clear()
-    platform_cls.get_attn_backend_cls = classmethod(get_attn_backend_cls)
+    # Patching vLLM's platform class on purpose, for the duration of the build only.
+    platform_cls.get_attn_backend_cls = classmethod(get_attn_backend_cls)  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
-        platform_cls.get_attn_backend_cls = original
+        platform_cls.get_attn_backend_cls = original  # type: ignore[method-assign]
         selector._cached_get_attn_backend.cache_clear()
 
 

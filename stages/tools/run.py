@@ -194,8 +194,10 @@ def main(argv: list[str] | None = None) -> int:
         shown = out if task == "generate" else f"[{len(out)} floats] {out[:4]} ..."
         _say(f"  prompt {i}: {shown}")
     _print_summary(summary)
-    if args.trace is not None:
-        _say(f"\ntrace: {args.trace} (and {progress.trace_paths()[1]})")
+    paths = progress.trace_paths() if args.trace is not None else None
+    if paths is not None:
+        chrome = f" (and {paths[1]})" if paths[1] is not None else ""
+        _say(f"\ntrace: {args.trace}{chrome}")
     if not args.compare_stock:
         return 0
     _say("\n--compare-stock: starting stock vLLM on the same config ...")

@@ -9,33 +9,20 @@ from __future__ import annotations
 
 import os
 import stat
-import threading
 from pathlib import Path
 
 import pytest
+from file_nodes import null_device, read_fifo
 
 from initpipe import Pipeline, Trace, stage
-from initpipe.cli import main
 from initpipe.files import private_dir, write_file
-
-TOY = "coretoys.diamond"
-
-
-def _read_fifo(path: Path, into: list[bytes]) -> threading.Thread:
-    def read() -> None:
-        with open(path, "rb") as f:
-            into.append(f.read())
-
-    t = threading.Thread(target=read, daemon=True)
-    t.start()
-    return t
 
 
 def test_a_fifo_is_written_through_and_stays_a_fifo(tmp_path: Path) -> None:
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     got: list[bytes] = []
-    reader = _read_fifo(fifo, got)
+    reader = read_fifo(fifo, got)
     write_file(fifo, "through the pipe")
     reader.join(10)
     assert got == [b"through the pipe"]
@@ -61,55 +48,17 @@ def test_a_symlink_to_a_fifo_writes_through_both(tmp_path: Path) -> None:
     link = tmp_path / "out"
     link.symlink_to(fifo)
     got: list[bytes] = []
-    reader = _read_fifo(fifo, got)
+    reader = read_fifo(fifo, got)
     write_file(link, b"x")
     reader.join(10)
     assert got == [b"x"] and link.is_symlink() and stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 
-def _null_device(tmp_path: Path) -> Path:
-    if os.geteuid() != 0:
-        pytest.skip("making a character device needs root")
-    node = tmp_path / "null"
-    try:
-        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-    except PermissionError:
-        pytest.skip("mknod refused here (no CAP_MKNOD)")
-    try:
-        with open(node, "wb") as f:
-            f.write(b"probe")
-    except OSError:
-        pytest.skip("the temporary folder is mounted nodev: devices cannot be opened here")
-    return node
-
-
 def test_a_character_device_is_written_through_and_stays_a_device(tmp_path: Path) -> None:
-    node = _null_device(tmp_path)
+    node = null_device(tmp_path)
     write_file(node, "discarded")
     st = os.lstat(node)
     assert stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3)
-
-
-def test_graph_output_to_a_character_device_keeps_the_device(tmp_path: Path) -> None:
-    node = _null_device(tmp_path)
-    assert main(["graph", TOY, "-f", "json", "-o", str(node)]) == 0
-    assert stat.S_ISCHR(os.lstat(node).st_mode)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["null"]
-
-
-def test_graph_output_to_a_fifo_and_to_a_symlink(tmp_path: Path) -> None:
-    fifo = tmp_path / "pipe"
-    os.mkfifo(fifo)
-    got: list[bytes] = []
-    reader = _read_fifo(fifo, got)
-    assert main(["graph", TOY, "-f", "text", "-o", str(fifo)]) == 0
-    reader.join(10)
-    assert b"bottom" in got[0] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
-    real, link = tmp_path / "g.dot", tmp_path / "link.dot"
-    real.write_text("")
-    link.symlink_to(real)
-    assert main(["graph", TOY, "-o", str(link)]) == 0
-    assert link.is_symlink() and real.read_text().startswith("digraph")
 
 
 def test_a_regular_file_is_replaced_atomically(tmp_path: Path, monkeypatch) -> None:
@@ -145,7 +94,7 @@ def test_trace_files_go_through_the_same_rules(tmp_path: Path) -> None:
     fifo = tmp_path / "trace"
     os.mkfifo(fifo)
     got: list[bytes] = []
-    reader = _read_fifo(fifo, got)
+    reader = read_fifo(fifo, got)
     run.trace.write_json(fifo)
     reader.join(10)
     assert b'"events"' in got[0] and stat.S_ISFIFO(os.lstat(fifo).st_mode)

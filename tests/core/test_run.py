@@ -15,7 +15,7 @@ from initpipe import (
     TeardownError,
     stage,
 )
-from initpipe.errors import StageOutputError
+from initpipe.errors import StageOutputError, UnknownStageNameError
 from initpipe.testing import clear_faults, inject_fault
 
 
@@ -160,19 +160,34 @@ def test_kv_before_load_and_double_load_say_what_to_call():
         PhaseOrderError, match=r"load\(\) must be called before initialize_kv_cache"
     ):
         run.initialize_kv_cache(1)
-    run.load(model=1)
+    assert run.state == "started" and run.completed("kv_cache_config") == []
+    first = dict(run.load(model=1))
     with pytest.raises(PhaseOrderError, match=r"load\(\) was already called"):
         run.load(model=1)
+    assert dict(run.outputs) == first
     run.close()
     with pytest.raises(PhaseOrderError, match=r"closed run; call pipeline.start\(\)"):
         run.load(model=1)
+
+
+def test_calls_on_a_closed_run_say_to_start_a_new_one():
+    r = Recorder()
+    run = r.pipeline.start(config=1)
+    run.load(model=1)
+    run.close()
+    with pytest.raises(PhaseOrderError, match=r"closed run; call pipeline.start\(\)"):
+        run.initialize_kv_cache(2)
+    with pytest.raises(OutputNotAvailableError, match="run is closed") as e:
+        run.outputs["spec"]
+    assert e.value.key == "spec"
 
 
 def test_missing_and_unknown_inputs_are_named():
     r = Recorder()
     with pytest.raises(InputsError, match=r"start\(\): missing 'config'") as e:
         r.pipeline.start()
-    assert e.value.missing == ("config",)
+    assert e.value.missing == ("config",) and e.value.unknown == ()
+    assert e.value.phase == "start"
     run = r.pipeline.start(config=1)
     with pytest.raises(InputsError, match=r"unknown 'modle'.*takes: 'model'") as e:
         run.load(modle=1)
@@ -180,8 +195,18 @@ def test_missing_and_unknown_inputs_are_named():
     run.load(model=1)
     with pytest.raises(InputsError, match=r"missing 'kv_cache_config'"):
         run.initialize_kv_cache(is_profiling=True)
-    with pytest.raises(InputsError, match=r"unknown 'extra'"):
+    with pytest.raises(InputsError, match=r"unknown 'extra'") as e:
         run.initialize_kv_cache(1, extra=2)
+    assert e.value.unknown == ("extra",) and e.value.phase == "kv_cache_config"
+    assert "This phase takes: 'kv_cache_config'" in str(e.value)
+
+
+def test_kv_config_given_twice_is_refused():
+    r = Recorder()
+    run = r.pipeline.start(config=1)
+    run.load(model=1)
+    with pytest.raises(InputsError, match="unknown 'kv_cache_config'"):
+        run.initialize_kv_cache(2, kv_cache_config=3)
 
 
 def test_output_errors_subclass_keyerror_and_say_what_to_call():
@@ -196,6 +221,15 @@ def test_output_errors_subclass_keyerror_and_say_what_to_call():
     with pytest.raises(OutputNotAvailableError, match="is an input of the 'start' phase"):
         run.outputs["config"]
     assert run.outputs.get("spec") is None and "spec" not in run.outputs
+
+
+def test_reading_a_kv_output_before_the_kv_phase_says_what_to_call():
+    r = Recorder()
+    run = r.pipeline.start(config=1)
+    run.load(model=1)
+    with pytest.raises(OutputNotAvailableError, match=r"run\.initialize_kv_cache") as e:
+        run.outputs["tensors"]
+    assert e.value.key == "tensors" and "stage 'tensors'" in str(e.value)
 
 
 def test_all_teardowns_run_and_one_error_reports_every_failure():
@@ -249,15 +283,16 @@ def test_close_tears_down_kv_then_model():
 def test_multi_output_stage_must_return_exactly_its_keys():
     @stage(needs="model", provides=("a", "b"))
     def split(model):
-        return {"a": 1}
+        return {"a": 1, "c": 2}
 
     run = Pipeline([split]).start()
-    with pytest.raises(StageError) as e:
+    with pytest.raises(StageError, match="missing \\['b'\\], unexpected \\['c'\\]") as e:
         run.load(model=0)
     cause = e.value.__cause__
     assert isinstance(cause, StageOutputError)
-    assert cause.missing == ("b",)
+    assert cause.missing == ("b",) and cause.unexpected == ("c",)
     assert "must return exactly ['a', 'b']" in str(cause)
+    assert e.value.stage == "split" and run.state == "started"
 
 
 def test_concurrent_kv_initializations_are_serialized():
@@ -330,12 +365,13 @@ def test_replace_and_add_revalidate():
         return 1
 
     from initpipe import StageDeclarationError
-    from initpipe.errors import UnknownStageNameError
 
-    with pytest.raises(StageDeclarationError, match="must provide \\['tensors'\\]"):
+    with pytest.raises(StageDeclarationError, match="must provide \\['tensors'\\]") as e:
         r.pipeline.replace("tensors", wrong)
-    with pytest.raises(UnknownStageNameError, match="Did you mean 'tensors'"):
+    assert e.value.field == "provides"
+    with pytest.raises(UnknownStageNameError, match="Did you mean 'tensors'") as e:
         r.pipeline.replace("tensor", zero_tensors)
+    assert e.value.name == "tensor"
 
 
 def test_keyword_only_inputs_are_passed_by_name():
@@ -374,5 +410,6 @@ def test_injected_fault_after_a_stage_also_tears_that_stage_down():
     assert e.value.rolled_back == ("tensors", "groups")
     assert ("teardown", "tensors", ("tensors", 3), 3) in r.log
     assert set(run.outputs) == {"spec"}
-    with pytest.raises(Exception, match="has no stage 'tensrs'"):
+    with pytest.raises(UnknownStageNameError, match="has no stage 'tensrs'") as e:
         inject_fault(run, "tensrs")
+    assert "Did you mean 'tensors'" in str(e.value)

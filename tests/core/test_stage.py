@@ -61,12 +61,13 @@ def test_unknown_needs_is_rejected():
 
     assert e.value.field == "needs"
     assert e.value.stage.endswith(".f")
+    assert "needs='kv_cache_config'" in str(e.value)
 
 
 def test_non_callable_is_rejected():
     with pytest.raises(StageDeclarationError, match="plain function") as e:
         stage(needs="model")(42)
-    assert e.value.field == "func"
+    assert e.value.field == "func" and e.value.stage == "42"
 
 
 def test_class_is_rejected():
@@ -84,23 +85,35 @@ def test_generator_function_is_rejected():
         def gen(model):
             yield model
 
-    assert e.value.stage.endswith("gen")
+    assert e.value.field == "func" and e.value.stage.endswith(".gen")
 
 
 def test_async_function_is_rejected():
-    with pytest.raises(StageDeclarationError, match="async functions are not supported"):
+    with pytest.raises(StageDeclarationError, match="async functions are not supported") as e:
 
         @stage(needs="model")
         async def coro(model):
             return model
 
+    assert e.value.field == "func" and e.value.stage.endswith(".coro")
+
 
 def test_var_args_are_rejected():
-    with pytest.raises(StageDeclarationError, match=r"'kwargs' is \*args/\*\*kwargs"):
+    with pytest.raises(StageDeclarationError, match=r"'kwargs' is \*args/\*\*kwargs") as e:
 
         @stage(needs="model")
         def f(model, **kwargs):
             return model
+
+    assert e.value.field == "func"
+
+    with pytest.raises(StageDeclarationError, match=r"'inputs' is \*args") as e:
+
+        @stage(needs="model")
+        def loose(*inputs):
+            return 0
+
+    assert e.value.field == "func"
 
 
 def test_non_callable_teardown_is_rejected():
@@ -110,26 +123,31 @@ def test_non_callable_teardown_is_rejected():
         def f(model):
             return model
 
-    assert e.value.field == "teardown"
+    assert e.value.field == "teardown" and e.value.stage.endswith(".f")
 
 
 def test_teardown_naming_a_non_input_is_rejected():
     def undo(out, nonsense):
         pass
 
-    with pytest.raises(StageDeclarationError, match=r"names 'nonsense', which are not inputs"):
+    with pytest.raises(StageDeclarationError, match=r"names 'nonsense', which are not inputs") as e:
 
         @stage(needs="model", teardown=undo)
         def f(model):
             return model
 
+    assert e.value.field == "teardown"
+    assert "not inputs of the stage (inputs: model)" in str(e.value)
+
 
 def test_teardown_without_parameters_is_rejected():
-    with pytest.raises(StageDeclarationError, match="takes no parameter"):
+    with pytest.raises(StageDeclarationError, match="takes no parameter") as e:
 
         @stage(needs="model", teardown=lambda: None)
         def f(model):
             return model
+
+    assert e.value.field == "teardown"
 
 
 def test_output_that_is_also_an_input_is_rejected():

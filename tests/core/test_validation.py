@@ -1,5 +1,6 @@
 """Each validation rule reports its culprit; all problems are collected at once."""
 
+import networkx as nx
 import pytest
 from coretoys import cyclic, diamond, duplicate_producer, linear, missing_input, phase_violation
 
@@ -17,11 +18,14 @@ from initpipe.errors import NotAStageError, UnknownStageError
 
 
 def problems_of(module_or_stages, **kw):
+    """The PipelineValidationError; none of its problems is a raw assertion or networkx error."""
     with pytest.raises(PipelineValidationError) as e:
         if isinstance(module_or_stages, list):
             Pipeline(module_or_stages, **kw)
         else:
             Pipeline.from_module(module_or_stages, **kw)
+    for p in e.value.problems:
+        assert not isinstance(p, (AssertionError, nx.NetworkXException))
     return e.value
 
 
@@ -38,10 +42,12 @@ def test_missing_input_names_key_consumers_and_suggestion():
     err = problems_of(missing_input)
     (p,) = err.problems
     assert isinstance(p, MissingInputError) and isinstance(p, LookupError)
+    assert not isinstance(p, KeyError)
     assert p.key == "kv_cache_confg"
     assert p.consumers == ("coretoys.missing_input:groups", "coretoys.missing_input:tensors")
     assert p.suggestions == ("kv_cache_config",)
-    assert "Did you mean 'kv_cache_config'?" in str(err)
+    assert "kv_cache_confg" in str(err) and "Did you mean 'kv_cache_config'?" in str(err)
+    assert "Did you mean 'kv_cache_config'?" in str(p)
     assert "coretoys.missing_input:groups, coretoys.missing_input:tensors" in str(p)
 
 
@@ -55,6 +61,7 @@ def test_duplicate_producer_names_both_stages_and_key():
         "coretoys.duplicate_producer:allocate_again",
     )
     assert "duplicate producer for 'kv_caches'" in str(p)
+    assert "Pipeline.replace()" in str(err)
 
 
 def test_stage_providing_a_declared_input_is_a_duplicate_producer():
@@ -79,6 +86,7 @@ def test_cycle_is_reported_in_order_with_edge_keys():
     assert p.keys == ("a", "b", "c")
     assert "cycle: a -> b -> c -> a" in str(p)
     assert "a -> b via 'a'" in str(p)
+    assert "Break it" in str(err)
 
 
 def test_self_cycle_through_ordering_edge():
@@ -98,6 +106,7 @@ def test_phase_violation_names_the_path():
     assert by_stage["coretoys.phase_violation:specs"].path == ("groups", "specs")
     assert by_stage["coretoys.phase_violation:backends"].path == ("groups", "specs", "backends")
     assert "groups -> specs -> backends" in str(err)
+    assert "needs='kv_cache_config'" in str(err)
 
 
 def test_model_stage_reading_the_kv_input_directly_is_a_phase_violation():
@@ -107,7 +116,7 @@ def test_model_stage_reading_the_kv_input_directly_is_a_phase_violation():
 
     (p,) = problems_of([early]).problems
     assert isinstance(p, PhaseViolationError)
-    assert p.path == ("kv_cache_config", "early")
+    assert p.stage.endswith(".early") and p.path == ("kv_cache_config", "early")
 
 
 def test_model_stage_ordered_after_kv_stage_is_a_phase_violation():
@@ -137,18 +146,23 @@ def test_duplicate_stage_names():
     def other(model):
         return 2
 
-    (p,) = problems_of([first, other]).problems
+    err = problems_of([first, other])
+    (p,) = err.problems
     assert isinstance(p, DuplicateStageError)
     assert p.name == "same"
+    assert p.stages[0].endswith(":test_duplicate_stage_names.<locals>.make.<locals>.same")
     assert p.stages[1].endswith(":test_duplicate_stage_names.<locals>.other")
+    assert "@stage(name=...)" in str(err)
 
 
 def test_not_a_stage_object():
     def plain(model):
         return 1
 
-    (p,) = problems_of([plain, 3]).problems[:1]
+    err = problems_of([plain, 3])
+    (p,) = err.problems[:1]
     assert isinstance(p, NotAStageError) and "plain" in p.obj
+    assert "@stage(needs='model')" in str(err)
 
 
 def test_unknown_after_reference_suggests_close_names():
@@ -163,6 +177,7 @@ def test_unknown_after_reference_suggests_close_names():
     (p,) = problems_of([alloc, bind]).problems
     assert isinstance(p, UnknownStageError)
     assert p.reference == "aloc" and p.suggestions == ("alloc",) and p.field == "after"
+    assert "Did you mean 'alloc'" in str(p)
 
 
 def test_every_problem_is_collected_at_once():
