@@ -3,6 +3,7 @@ failures reported in-process and from a worker process."""
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -25,7 +26,8 @@ def env_for(site=None, **extra):
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("INITPIPE_EXTENSIONS", "INITPIPE_TRACE", "INITPIPE_VLLM")
+        if k
+        not in ("INITPIPE_EXTENSIONS", "INITPIPE_TRACE", "INITPIPE_VLLM", "INITPIPE_INJECT_FAULT")
     }
     env["VLLM_TARGET_DEVICE"] = "cpu"
     if site is not None:
@@ -203,15 +205,24 @@ def test_failing_stage_in_process_reaches_the_user_as_stage_error(site, tmp_path
 
 
 def test_failing_stage_in_a_worker_process_is_named_in_the_log_with_a_failure_trace(site, tmp_path):
+    """The fault reaches the stage inside vLLM's spawned worker process through the
+    environment (INITPIPE_INJECT_FAULT, initpipe.testing): no code change, no extension."""
     script = tmp_path / "fail.py"
     script.write_text(FAILING)
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
     res = subprocess.run(
         [sys.executable, str(script)],
         capture_output=True,
         text=True,
         cwd=tmp_path,
         timeout=600,
-        env=env_for(site, INITPIPE_EXTENSIONS="fail_binding", VLLM_ENABLE_V1_MULTIPROCESSING="1"),
+        env=env_for(
+            site,
+            INITPIPE_INJECT_FAULT="runner_kv_caches",
+            VLLM_ENABLE_V1_MULTIPROCESSING="1",
+            XDG_RUNTIME_DIR=str(runtime),
+        ),
     )
     log = res.stdout + res.stderr
     assert res.returncode == 3, log[-3000:]
@@ -221,10 +232,12 @@ def test_failing_stage_in_a_worker_process_is_named_in_the_log_with_a_failure_tr
         if "initpipe: stage 'runner_kv_caches' failed in phase 'kv_cache_config'" in x
     ]
     assert line, log[-4000:]
+    assert "InjectedFault: injected fault in 'runner_kv_caches'" in line[0]
     assert "completed: encoder_only_kv_cache_group, runner_kv_cache_config" in line[0]
     assert "allocated_kv_caches" in line[0]
+    # the failure trace lands in the private per-user folder, never a shared predictable path
     path = Path(line[0].rsplit("failure trace: ", 1)[1].strip())
-    assert path.name.startswith("initpipe-failure-") and path.exists()
+    assert path.parent == runtime / "initpipe" and path.name.startswith("failure-")
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     events = json.loads(path.read_text())["events"]
     assert any(e["name"] == "runner_kv_caches" and e["outcome"] == "error" for e in events)
-    path.unlink()

@@ -1,0 +1,87 @@
+"""``initpipe.testing``: fault injection into one run, from code or from the environment,
+and the core behaviour it rests on (a listener that raises fails the phase at the stage
+whose event it was handling, and everything completed is rolled back)."""
+
+from __future__ import annotations
+
+import pytest
+from test_run import Recorder
+
+from initpipe import InjectedFault, StageError, UnknownStageNameError
+from initpipe.testing import (
+    ENV_FAULT,
+    clear_faults,
+    fault,
+    inject_fault,
+    inject_faults_from_env,
+    parse_fault_spec,
+)
+
+
+def _loaded(r: Recorder):
+    run = r.pipeline.start(config=1)
+    run.load(model=1)
+    return run
+
+
+def test_a_raising_listener_rolls_back_the_stage_it_was_told_about() -> None:
+    r = Recorder()
+    run = _loaded(r)
+
+    def refuse(event) -> None:
+        if event.name == "tensors" and event.kind == "stage":
+            raise OSError("the progress sink is gone")
+
+    run.add_listener(refuse)
+    with pytest.raises(StageError, match=r"stage 'tensors'.*OSError: the progress sink") as info:
+        run.initialize_kv_cache(3)
+    assert info.value.completed == ("groups", "tensors")
+    assert info.value.rolled_back == ("tensors", "groups")
+    assert ("teardown", "tensors", ("tensors", 3), 3) in r.log
+    assert set(run.outputs) == {"spec"} and not run.kv_ready
+    run.remove_listener(refuse)
+    run.initialize_kv_cache(4)
+    assert run.outputs["bind"] == ("bind", 4, False)
+
+
+def test_faults_touch_one_run_only_and_the_context_manager_clears_them() -> None:
+    r = Recorder()
+    run, other = _loaded(r), _loaded(r)
+    with fault(run, "bind", after=True):
+        with pytest.raises(StageError, match="InjectedFault: injected fault in 'bind'"):
+            run.initialize_kv_cache(1)
+        other.initialize_kv_cache(2)  # same pipeline, other run: untouched
+    assert other.outputs["bind"] == ("bind", 2, False)
+    run.initialize_kv_cache(5)
+    assert run.outputs["bind"] == ("bind", 5, False)
+
+
+def test_the_default_fault_is_an_injected_fault_error() -> None:
+    run = _loaded(Recorder())
+    inject_fault(run, "groups")
+    with pytest.raises(StageError) as info:
+        run.initialize_kv_cache(1)
+    assert isinstance(info.value.__cause__, InjectedFault)
+    clear_faults(run)
+
+
+def test_fault_spec_from_the_environment() -> None:
+    assert parse_fault_spec("a, b:after ,c:before,") == [("a", False), ("b", True), ("c", False)]
+    with pytest.raises(ValueError, match=r"'b:later' has mode 'later'; use 'stage'"):
+        parse_fault_spec("a,b:later")
+
+
+def test_faults_from_the_environment_reach_a_run() -> None:
+    r = Recorder()
+    run = _loaded(r)
+    assert inject_faults_from_env(run, {}) is False
+    assert inject_faults_from_env(run, {ENV_FAULT: "tensors:after"}) is True
+    with pytest.raises(StageError, match="stage 'tensors'") as info:
+        run.initialize_kv_cache(1)
+    assert info.value.completed == ("groups", "tensors")
+
+
+def test_an_unknown_stage_in_the_environment_is_an_error_not_a_silent_no_op() -> None:
+    run = _loaded(Recorder())
+    with pytest.raises(UnknownStageNameError, match=r"INITPIPE_INJECT_FAULT: .*'tensrs'"):
+        inject_faults_from_env(run, {ENV_FAULT: "tensrs"})
