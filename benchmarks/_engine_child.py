@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     from vllm import LLM
 
     from initpipe_vllm.testing import model_dir
-    from initpipe_vllm.testing.equivalence import PIPELINED_WORKER, engine_kwargs
+    from initpipe_vllm.hook import PIPELINED_WORKER
+    from initpipe_vllm.testing.equivalence import engine_kwargs
 
     import_s = time.perf_counter() - t0
     kwargs, _ = engine_kwargs(

@@ -122,14 +122,14 @@ def soak(
         trimmed = malloc_trim()
         rss_before_trimmed = rss_bytes()
         rss_samples = []
-        trace_before = len(runner.initpipe_run.trace._records)
+        trace_before = len(runner.initpipe_run.trace)
         t0 = time.perf_counter()
         for i, n in enumerate(order):
             init(planned[n], cleanup=(i % CLEANUP_EVERY == 0))
             if i % max(cycles // 10, 1) == 0:
                 rss_samples.append(rss_bytes())
         elapsed = time.perf_counter() - t0
-        trace_after = len(runner.initpipe_run.trace._records)
+        trace_after = len(runner.initpipe_run.trace)
         init(planned[largest], cleanup=False)  # same size as the baseline
         gc.collect()
         rss_after = rss_bytes()

@@ -5,12 +5,19 @@ ordered by networkx), then drive a :class:`Run`: ``start()`` -> ``load()`` (mode
 -> ``initialize_kv_cache()`` (re-runnable KV phase) -> ``close()``.
 
 What belongs in this package: the framework only; it imports attrs and networkx, never
-torch, vLLM or ``initpipe_vllm``. The core modules form a chain whose imports point down::
+torch, vLLM or ``initpipe_vllm``. Imports point down (``tests/test_layout.py`` checks)::
 
-    errors, files -> _stage -> _trace -> _dispatch -> _graph -> _run -> _extensions
-        -> _pipeline -> testing (fault injection)  -> view/ (export, drawings) -> cli/
-
-``view/`` turns a pipeline into pictures and data; ``cli/`` is the ``initpipe`` command.
+    errors, files     every error; writing files safely       (no package imports)
+    _stage            @stage and StageSpec                    <- errors
+    _trace            the trace, critical path, blame         <- files
+    _dispatch         the hot loop                            <- _stage, _trace, errors
+    _graph            build, validate and order the graph     <- _stage, errors
+    _run              the two-phase Run                       <- _dispatch, _graph, _trace
+    _extensions       third-party stages                      <- _stage, errors
+    _pipeline         Pipeline                                <- all of the above
+    testing           fault injection (a test facility)      <- _run, _trace
+    view/             export and drawings (no argparse)       <- the core
+    cli/              the ``initpipe`` command                <- view/, the core
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ convention, output unpacking) is precomputed into a :class:`Step` when the pipel
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableSequence
+from functools import partial
 from operator import itemgetter
 from time import perf_counter
 from typing import Any, NamedTuple
@@ -64,6 +65,10 @@ class Completed(NamedTuple):
     step: Step
     output: Any
     args: tuple[Any, ...]
+
+
+new_completed = partial(tuple.__new__, Completed)
+new_record = partial(tuple.__new__, Record)
 
 
 class Failed(Exception):
@@ -129,24 +134,16 @@ def run_steps(
                 values[key] = out
         except BaseException as err:
             t1 = clock()
-            append(
-                Record(
-                    step.name,
-                    step.phase,
-                    "stage",
-                    t0,
-                    t1 - t0,
-                    "error",
-                    generation,
-                    f"{type(err).__name__}: {err}",
-                )
-            )
+            error = f"{type(err).__name__}: {err}"
+            append(Record(step.name, step.phase, "stage", t0, t1 - t0, "error", generation, error))
             if notify is not None:
                 notify()
             raise Failed(step, err) from err
         t1 = clock()
-        done_append(Completed(step, out, args))
-        append(Record(step.name, step.phase, "stage", t0, t1 - t0, "ok", generation, None))
+        # tuple.__new__ straight from C: a named tuple without its Python-level __new__
+        # (which cost about 1 µs per stage on this loop).
+        done_append(new_completed((step, out, args)))
+        append(new_record((step.name, step.phase, "stage", t0, t1 - t0, "ok", generation, None)))
         if notify is not None:
             try:
                 notify()
