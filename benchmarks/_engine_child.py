@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     from vllm import LLM
 
-    from initpipe_vllm.testing import model_dir
     from initpipe_vllm.hook import PIPELINED_WORKER
+    from initpipe_vllm.testing import model_dir
     from initpipe_vllm.testing.equivalence import engine_kwargs
 
     import_s = time.perf_counter() - t0
