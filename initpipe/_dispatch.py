@@ -7,16 +7,15 @@ convention, output unpacking) is precomputed into a :class:`Step` when the pipel
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableSequence
-from functools import partial
 from operator import itemgetter
 from time import perf_counter
-from typing import Any, NamedTuple
+from typing import Any
 
 from ._stage import StageSpec
-from ._trace import Record
+from ._trace import RawRecord
 from .errors import StageOutputError
 
-__all__ = ["Completed", "Failed", "Step", "run_steps"]
+__all__ = ["Done", "Failed", "Step", "run_steps"]
 
 
 class Step:
@@ -59,16 +58,9 @@ def _gatherer(keys: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any,
     return lambda values: ()
 
 
-class Completed(NamedTuple):
-    """A step that ran to completion: what its teardown and a rollback need."""
-
-    step: Step
-    output: Any
-    args: tuple[Any, ...]
-
-
-new_completed = partial(tuple.__new__, Completed)
-new_record = partial(tuple.__new__, Record)
+#: A step that ran to completion, as ``(step, output, args)``: what its teardown and a
+#: rollback need (a plain tuple: the hot loop builds one per stage).
+Done = tuple[Step, Any, tuple[Any, ...]]
 
 
 class Failed(Exception):
@@ -105,16 +97,17 @@ def _unpack(step: Step, out: Any) -> Mapping[str, Any]:
 def run_steps(
     steps: tuple[Step, ...],
     values: dict[str, Any],
-    done: list[Completed],
-    records: MutableSequence[Record],
+    done: list[Done],
+    records: MutableSequence[RawRecord],
     generation: int,
     notify: Callable[[], None] | None,
 ) -> None:
     """Run ``steps`` in order.
 
-    Each completed step is appended to ``done`` (a :class:`Completed`) so the caller can
-    tear it down; its outputs go into ``values``; one :class:`~initpipe._trace.Record` per
-    step goes into ``records``; ``notify()`` is called after each record.
+    Each completed step is appended to ``done`` (a :data:`Done`) so the caller can tear it
+    down; its outputs go into ``values``; one record per step goes into ``records`` (a
+    :data:`~initpipe._trace.RawRecord`: name, phase, kind, start, duration, outcome,
+    generation, error); ``notify()`` is called after each record.
 
     Raises:
         Failed: a stage raised, or ``notify()`` raised after a stage completed.
@@ -135,15 +128,13 @@ def run_steps(
         except BaseException as err:
             t1 = clock()
             error = f"{type(err).__name__}: {err}"
-            append(Record(step.name, step.phase, "stage", t0, t1 - t0, "error", generation, error))
+            append((step.name, step.phase, "stage", t0, t1 - t0, "error", generation, error))
             if notify is not None:
                 notify()
             raise Failed(step, err) from err
         t1 = clock()
-        # tuple.__new__ straight from C: a named tuple without its Python-level __new__
-        # (which cost about 1 µs per stage on this loop).
-        done_append(new_completed((step, out, args)))
-        append(new_record((step.name, step.phase, "stage", t0, t1 - t0, "ok", generation, None)))
+        done_append((step, out, args))
+        append((step.name, step.phase, "stage", t0, t1 - t0, "ok", generation, None))
         if notify is not None:
             try:
                 notify()

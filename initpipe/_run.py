@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol
 
 import networkx as nx
 
-from ._dispatch import Completed, Failed, Step, run_steps
+from ._dispatch import Done, Failed, Step, run_steps
 from ._graph import REQUIRED
 from ._stage import KV, MODEL, Phase, StageSpec
 from ._trace import TEARDOWN, Outcome, Trace, TraceEvent, blame, critical_path
@@ -122,7 +122,7 @@ class Run:
         self.state: RunState = "started"
         self.kv_generation = 0
         self._values: dict[str, Any] = dict(start_values)
-        self._done: dict[str, list[Completed]] = {MODEL: [], KV: []}
+        self._done: dict[str, list[Done]] = {MODEL: [], KV: []}
         self._phase_inputs: dict[str, tuple[str, ...]] = {MODEL: (), KV: ()}
         self._listeners = list(listeners)
         self._lock = threading.Lock()
@@ -147,7 +147,7 @@ class Run:
 
     def completed(self, phase: str) -> list[str]:
         """Stage names completed (and not torn down) in ``phase``, in order."""
-        return [c.step.name for c in self._done[phase]]
+        return [step.name for step, _out, _args in self._done[phase]]
 
     def critical_path(self) -> list[tuple[str, float]]:
         """The longest chain of stages weighted by their latest durations."""
@@ -290,12 +290,12 @@ class Run:
                 self._steps[phase],
                 self._values,
                 done,
-                self.trace.records,
+                self.trace._records,  # the hot loop appends to the trace's own deque
                 generation,
                 self._listener(),
             )
         except Failed as failed:
-            completed = [c.step.name for c in done]
+            completed = [step.name for step, _out, _args in done]
             rolled: list[str]
             td_err: TeardownError | None
             try:

@@ -1,7 +1,8 @@
 """Per-stage trace: what ran, when, for how long, and how it ended.
 
-The hot loop appends :class:`Record` named tuples (cheap); :class:`TraceEvent` objects, with
-times relative to the trace's start, are built on read.
+The hot loop appends plain tuples in :class:`Record`'s field order (a named tuple's
+constructor would cost about 1 µs per stage there); readers get :class:`Record` or
+:class:`TraceEvent` objects (times relative to the trace's start), never ``r[0]..r[7]``.
 Exports: initpipe JSON (``to_dict``/``write_json``) and Chrome trace-event JSON
 (``to_chrome``/``write_chrome``; opens in Perfetto or chrome://tracing).
 """
@@ -22,7 +23,16 @@ import networkx as nx
 
 from .files import write_file
 
-__all__ = ["EventKind", "Outcome", "Record", "Trace", "TraceEvent", "blame", "critical_path"]
+__all__ = [
+    "EventKind",
+    "Outcome",
+    "RawRecord",
+    "Record",
+    "Trace",
+    "TraceEvent",
+    "blame",
+    "critical_path",
+]
 
 #: What a trace event records: a stage run, a stage's teardown, or a host step (span).
 EventKind = Literal["stage", "teardown", "span"]
@@ -34,7 +44,8 @@ SPAN: EventKind = "span"
 
 
 class Record(NamedTuple):
-    """One raw trace entry, as the hot loop appends it (absolute ``perf_counter`` start)."""
+    """One raw trace entry (absolute ``perf_counter`` start); stored as a plain tuple in
+    this field order (:data:`RawRecord`)."""
 
     name: str
     phase: str
@@ -44,6 +55,10 @@ class Record(NamedTuple):
     outcome: Outcome
     generation: int
     error: str | None
+
+
+#: A :class:`Record` as stored: a plain tuple in the same field order.
+RawRecord = tuple[str, str, EventKind, float, float, Outcome, int, str | None]
 
 
 @attrs.frozen(kw_only=True)
@@ -87,12 +102,13 @@ class Trace:
     def __init__(self, max_records: int | None = None) -> None:
         self.origin = time.perf_counter()
         self.wall_origin = time.time()
-        self._records: deque[Record] = deque(maxlen=max_records)
+        # The hot loop (_dispatch.run_steps) appends RawRecord tuples here directly.
+        self._records: deque[RawRecord] = deque(maxlen=max_records)
 
     @property
-    def records(self) -> deque[Record]:
-        """The raw records, oldest first (the hot loop appends to this deque directly)."""
-        return self._records
+    def records(self) -> list[Record]:
+        """The raw records, oldest first, as named tuples (a copy)."""
+        return [Record._make(r) for r in self._records]
 
     def record(
         self,
@@ -106,9 +122,10 @@ class Trace:
         error: str | None = None,
     ) -> None:
         """Append one event; ``t0``/``t1`` are ``time.perf_counter()`` values."""
-        self._records.append(Record(name, phase, kind, t0, t1 - t0, outcome, generation, error))
+        self._records.append((name, phase, kind, t0, t1 - t0, outcome, generation, error))
 
-    def _event(self, r: Record) -> TraceEvent:
+    def _event(self, raw: RawRecord) -> TraceEvent:
+        r = Record._make(raw)
         return TraceEvent(
             name=r.name,
             phase=r.phase,
@@ -159,7 +176,11 @@ class Trace:
 
     def durations(self) -> dict[str, float]:
         """Latest successful duration of each stage (re-runs overwrite earlier ones)."""
-        return {r.name: r.duration for r in self._records if r.kind == STAGE and r.outcome == "ok"}
+        return {
+            name: duration
+            for name, _phase, kind, _start, duration, outcome, _gen, _err in self._records
+            if kind == STAGE and outcome == "ok"
+        }
 
     def to_dict(self, graph: nx.DiGraph[str] | None = None) -> dict[str, Any]:
         """Return ``{"version", "wall_origin", "events", "critical_path"?}`` as plain data."""
@@ -220,7 +241,7 @@ class Trace:
         t.wall_origin = data.get("wall_origin", t.wall_origin)
         for e in data["events"]:
             t._records.append(
-                Record(
+                (
                     e["name"],
                     e["phase"],
                     e["kind"],
