@@ -1,7 +1,7 @@
 """Per-stage trace: what ran, when, for how long, and how it ended.
 
 The hot loop appends plain tuples in :class:`Record`'s field order (a named tuple's
-constructor would cost about 1 µs per stage there); readers get :class:`Record` or
+constructor would cost about 1 µs per stage there); readers go through :class:`Record` to
 :class:`TraceEvent` objects (times relative to the trace's start), never ``r[0]..r[7]``.
 Exports: initpipe JSON (``to_dict``/``write_json``) and Chrome trace-event JSON
 (``to_chrome``/``write_chrome``; opens in Perfetto or chrome://tracing).
@@ -104,11 +104,6 @@ class Trace:
         self.wall_origin = time.time()
         # The hot loop (_dispatch.run_steps) appends RawRecord tuples here directly.
         self._records: deque[RawRecord] = deque(maxlen=max_records)
-
-    @property
-    def records(self) -> list[Record]:
-        """The raw records, oldest first, as named tuples (a copy)."""
-        return [Record._make(r) for r in self._records]
 
     def record(
         self,

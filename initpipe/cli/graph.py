@@ -27,7 +27,6 @@ from ..errors import (
 )
 from ..files import write_file
 from ..view.export import export, load_export, select, with_trace
-from ..view.graphviz import graphviz
 from ..view.render import RENDERERS, fmt_duration, render_dot
 from .target import DEFAULT_TARGET, load_pipeline
 
@@ -171,6 +170,8 @@ def _other_view(other: str) -> dict[str, Any]:
 def _render(view: dict[str, Any], fmt: str) -> bytes:
     if fmt in RENDERERS:
         return RENDERERS[fmt](view).encode()
+    from ..view.graphviz import graphviz  # only svg/png/html need Graphviz
+
     try:
         if fmt == "html":
             from ..view.html import render_html

@@ -9,29 +9,8 @@ to text — no argument parsing (that is :mod:`initpipe.cli`) and no running of 
 - :mod:`.graphviz` — ``dot`` for SVG/PNG (optional system tool);
 - :mod:`.html` — one self-contained interactive page;
 - :mod:`.diff` — added/removed stages and edges between two exports.
+
+Import the module you need: this package re-exports nothing, so ``initpipe graph`` pays
+only for what a command uses (HTML, diff and Graphviz's subprocess machinery cost about
+50 ms of start-up together).
 """
-
-from __future__ import annotations
-
-from .diff import diff_views, render_diff_text
-from .export import SCHEMA_VERSION, export, load_export, select, with_trace
-from .graphviz import graphviz
-from .html import render_html
-from .render import RENDERERS, render_dot, render_json, render_mermaid, render_text
-
-__all__ = [
-    "RENDERERS",
-    "SCHEMA_VERSION",
-    "diff_views",
-    "export",
-    "graphviz",
-    "load_export",
-    "render_diff_text",
-    "render_dot",
-    "render_html",
-    "render_json",
-    "render_mermaid",
-    "render_text",
-    "select",
-    "with_trace",
-]

@@ -6,9 +6,6 @@ a :class:`~initpipe.errors.GraphvizError` that gives the install command.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 from ..errors import GraphvizError
 
 __all__ = ["graphviz"]
@@ -26,6 +23,9 @@ def graphviz(dot_source: str, fmt: str, *, purpose: str | None = None) -> bytes:
         GraphvizError: ``dot`` is not installed (the message gives the install command), or
             it failed.
     """
+    import shutil  # here, not at the top: `initpipe graph` start-up must not pay for them
+    import subprocess
+
     exe = shutil.which("dot")
     if exe is None:
         raise GraphvizError(

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -82,3 +83,22 @@ def test_order_is_identical_under_two_hash_seeds(tmp_path):
         outs.append(res.stdout.strip())
     assert outs[0] == outs[1]
     assert len(outs[0].split(",")) == 150
+
+
+def test_a_pipeline_cannot_be_changed_after_it_is_built():
+    """Documented immutable, and it is: a frozen graph, read-only mappings, a copied order."""
+    import networkx as nx
+    from coretoys import diamond
+
+    p = Pipeline.from_module(diamond)
+    with pytest.raises(nx.NetworkXError, match="Frozen graph can't be modified"):
+        p.graph.add_edge("bottom", "top")
+    with pytest.raises(TypeError):
+        p.specs["extra"] = p.specs["top"]  # type: ignore[index]
+    with pytest.raises(TypeError):
+        p.inputs["model"]["extra"] = 1  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        p.name = "renamed"  # type: ignore[misc]
+    p.order.append("extra")
+    assert p.order == ["top", "left", "right", "bottom"]
+    assert p.steps["model"][0].name == "top" and len(p.steps["kv_cache_config"]) == 1
