@@ -64,6 +64,7 @@ from .kv_phase import (
 from .kv_tensors import (
     allocated_kv_caches,
     extract_hidden_states_check,
+    kv_block_zeroer,
     kv_caches,
     kv_connector_registration,
     runner_kv_caches,
@@ -128,6 +129,7 @@ STAGES = (
     runner_kv_caches,
     extract_hidden_states_check,
     kv_connector_registration,
+    kv_block_zeroer,
 )
 
 _CATALOG: Pipeline | None = None

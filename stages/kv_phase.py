@@ -3,9 +3,12 @@
 What belongs here: the steps of ``GPUModelRunner.initialize_kv_cache`` that read the KV
 cache config or the values the engine settles between the phases (resolved KV layout,
 ``max_model_len`` after auto-fit). The phase is re-runnable: a stage that mutates state
-outside its own return value declares that ``effect`` and a teardown that undoes it, so
-after ``run.teardown_kv_cache()`` the runner is as vLLM's ``_cleanup_profiling_kv_cache``
-leaves it.
+outside its own return value declares that ``effect``, and a teardown undoes exactly what
+vLLM's ``_cleanup_profiling_kv_cache`` undoes, so after ``run.teardown_kv_cache()`` the
+runner and the process globals are as stock's cleanup leaves them — except that nothing
+points at freed KV memory (README: "Differences from stock cleanup"). The declared graph
+forces stock's order (K3 -> K4 -> K5 -> K6 -> K7 -> K8), with ordering-only edges where no
+data edge does.
 
 Replaces, in ``vllm/v1/worker/gpu_model_runner.py`` (``GPUModelRunner``):
 
@@ -124,7 +127,7 @@ def _validate_kv_cache_config(
 ) -> None:
     import difflib
 
-    from .model_phase import check_sharing_order
+    from .model_phase import check_sharing_target
 
     for attr in ("num_blocks", "kv_cache_tensors", "kv_cache_groups"):
         if not hasattr(cfg, attr):
@@ -190,13 +193,13 @@ def _validate_kv_cache_config(
                     layer=name,
                 )
     for name, target in shared.items():
-        if target not in grouped:
+        if target not in grouped and target != name:
             raise KVCacheConfigError(
                 f"layer {name!r} shares the KV cache of {target!r}, which no KV cache group names.",
                 field="kv_cache_groups",
                 layer=target,
             )
-        check_sharing_order(name, target, _sharing_error)
+        check_sharing_target(name, target, attention_layers, _sharing_error)
 
 
 def _sharing_error(msg: str, *, layer: str) -> KVCacheConfigError:
@@ -261,7 +264,8 @@ def runner_kv_cache_config(
         KVCacheConfigError: the config names an unknown layer, has no blocks, tensors of
             different sizes or too small for their blocks, a grouped layer no tensor holds,
             a spec that does not match the model's layer, a KV-sharing target that is
-            missing or not earlier than its sharer, or already holds runner-only layers.
+            missing, the sharer itself or of another attention type, or already holds
+            runner-only layers.
     """
     import copy
 
@@ -312,23 +316,8 @@ def attention_groups(
     return out
 
 
-def _clear_cudagraph_keys(mode: Any, cudagraph_dispatcher: Any, drafter: Any) -> None:
-    """Clear the dispatcher keys, as ``profile_cudagraph_memory``'s cleanup does.
-
-    The resolved ``compilation_config.cudagraph_mode`` is kept on purpose: vLLM's next KV
-    pass starts from it, and resolving a resolved mode gives the same mode.
-    """
-    for dispatcher in (cudagraph_dispatcher, getattr(drafter, "cudagraph_dispatcher", None)):
-        if dispatcher is None:
-            continue
-        for key_set in dispatcher.cudagraph_keys.values():
-            key_set.clear()
-        dispatcher.keys_initialized = False
-
-
 @stage(
     needs=KV,
-    teardown=_clear_cudagraph_keys,
     effects=("compilation_config.cudagraph_mode", "cudagraph_dispatcher keys"),
 )
 def cudagraph_mode(
@@ -345,6 +334,11 @@ def cudagraph_mode(
     Must precede the metadata builders: FlashAttention and Triton read the resolved mode
     and capture sizes in ``__init__``. vLLM's ``resolve_cudagraph_mode_and_sizes`` writes
     ``compilation_config.cudagraph_mode`` (declared effect).
+
+    No teardown, as in stock: ``_cleanup_profiling_kv_cache`` leaves the resolved mode and
+    the dispatcher keys (vLLM's profiling pass clears the keys itself before it calls the
+    cleanup); the next KV phase starts from the resolved mode, and resolving a resolved
+    mode gives the same mode.
     """
     from vllm.v1.attention.backend import AttentionCGSupport
 
@@ -376,32 +370,25 @@ def cudagraph_mode(
 
 
 # -- K4 / K5: Mamba SSU and kernel block sizes --------------------------------------------
-def _restore_ssu(previous: tuple[Any, Any]) -> None:
-    from vllm.model_executor.layers.mamba.ops import ssu_dispatch
-
-    ssu_dispatch._mamba_ssu_backend, ssu_dispatch._flashinfer_replayssm_kernel = previous
-
-
-@stage(needs=KV, teardown=_restore_ssu, effects=("mamba ssu_dispatch globals",))
-def mamba_ssu_backend(
-    vllm_config: VllmConfig, runner_kv_cache_config: KVCacheConfig
-) -> tuple[Any, Any]:
+@stage(needs=KV, after=("cudagraph_mode",), effects=("mamba ssu_dispatch globals",))
+def mamba_ssu_backend(vllm_config: VllmConfig, runner_kv_cache_config: KVCacheConfig) -> Any:
     """Pick the Mamba SSU backend (a module global in vLLM); no-op without Mamba layers.
 
-    Returns the previous ``(backend, replayssm kernel)`` globals, which the teardown restores.
+    Returns the backend now selected. No teardown, as in stock: vLLM's cleanup leaves the
+    global in place (it points at no KV memory), so Mamba forwards keep working until the
+    next KV phase selects again.
     """
     from vllm.model_executor.layers.mamba.ops import ssu_dispatch
 
-    previous = (ssu_dispatch._mamba_ssu_backend, ssu_dispatch._flashinfer_replayssm_kernel)
     ssu_dispatch.initialize_mamba_ssu_backend(
         vllm_config.mamba_config,
         runner_kv_cache_config,
         use_replayssm=vllm_config.cache_config.use_replayssm,
     )
-    return previous
+    return ssu_dispatch._mamba_ssu_backend
 
 
-@stage(needs=KV)
+@stage(needs=KV, after=("mamba_ssu_backend",))
 def kernel_block_sizes(
     runner_kv_cache_config: KVCacheConfig, attention_groups: list[list[AttentionGroup]]
 ) -> list[int]:
@@ -482,17 +469,7 @@ def reorder_batch_threshold(attn_groups: list[list[AttentionGroup]]) -> int | No
     return min(present) if present else None
 
 
-def _forget_draft_groups(groups: list[Any], drafter: Any) -> None:
-    if groups and drafter is not None and hasattr(drafter, "draft_attn_groups"):
-        drafter.draft_attn_groups = []
-
-
-@stage(
-    needs=KV,
-    teardown=_forget_draft_groups,
-    after=("metadata_builders",),
-    effects=("drafter attention groups",),
-)
+@stage(needs=KV, after=("metadata_builders",), effects=("drafter attention groups",))
 def drafter_attn_groups(
     vllm_config: VllmConfig,
     drafter: Any,
@@ -502,7 +479,9 @@ def drafter_attn_groups(
     """Let an EAGLE / draft-model drafter build its attention groups; [] otherwise.
 
     vLLM calls ``drafter.initialize_attn_backend`` at the end of
-    ``initialize_metadata_builders``; the drafter keeps the groups on itself.
+    ``initialize_metadata_builders``; the drafter keeps the groups on itself. No teardown,
+    as in stock: vLLM's cleanup leaves the drafter's groups (they hold no KV memory; the
+    layers' KV views are unbound by the binding stage's teardown).
     """
     if not _uses_drafter_backend(vllm_config):
         return []
@@ -511,7 +490,14 @@ def drafter_attn_groups(
 
 
 # -- K7: the input batch -----------------------------------------------------------------
-@stage(needs=KV, provides=("input_batch", "input_batch_geometry"))
+# Stock order (K6 -> K7 -> K8): the builders, then the input batch, then the KV tensors, so
+# on a GPU the builders' buffers and the new batch are allocated before the KV cache that
+# takes the profiled budget. Ordering-only edges where no data edge forces it.
+@stage(
+    needs=KV,
+    provides=("input_batch", "input_batch_geometry"),
+    after=("metadata_builders", "reorder_batch_threshold", "drafter_attn_groups"),
+)
 def reinitialize_input_batch(
     vllm_config: VllmConfig,
     device: Any,

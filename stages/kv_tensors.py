@@ -3,7 +3,9 @@
 What belongs here: the tensor half of the KV phase — everything after the builders exist.
 Replaces ``GPUModelRunner.initialize_kv_cache_tensors`` (K8a allocate, K8b alias, K8c bind)
 and the tail of ``GPUModelRunner.initialize_kv_cache`` (K9 extract-hidden-states check,
-K10 KV connector registration) in ``vllm/v1/worker/gpu_model_runner.py``. The math is
+K10 KV connector registration) in ``vllm/v1/worker/gpu_model_runner.py``, and the KV block
+zeroer the worker builds right after it (``Worker.initialize_from_config`` ->
+``GPUModelRunner._init_kv_zero_meta``, ``vllm/v1/worker/gpu_worker.py``). The math is
 vLLM's ``allocate_kv_cache``, ``map_kv_caches_to_kernel_blocks`` and ``bind_kv_cache``
 (``vllm/v1/worker/utils.py``).
 
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "allocated_kv_caches",
     "extract_hidden_states_check",
+    "kv_block_zeroer",
     "kv_caches",
     "kv_connector_registration",
     "runner_kv_caches",
@@ -70,7 +73,7 @@ def _release_allocation(allocated_kv_caches: dict[str, Any]) -> None:
     torch.accelerator.empty_cache()
 
 
-@stage(needs=KV, teardown=_release_allocation)
+@stage(needs=KV, teardown=_release_allocation, after=("reinitialize_input_batch",))
 def allocated_kv_caches(
     vllm_config: VllmConfig,
     device: Any,
@@ -83,7 +86,9 @@ def allocated_kv_caches(
     """One zeroed int8 buffer on ``device``, viewed per layer in the resolved layout.
 
     vLLM's ``allocate_kv_cache``, inside ``kv_cache_allocation_context`` when given (the
-    connector's or CuMem's memory pool). The views address manager blocks.
+    connector's or CuMem's memory pool). The views address manager blocks. Runs after
+    the builders and the input batch (stock's K6 -> K7 -> K8), so on a GPU their buffers
+    are allocated before the KV cache that takes the profiled budget.
     """
     from vllm.v1.worker.utils import allocate_kv_cache
 
@@ -156,7 +161,7 @@ def runner_kv_caches(
     return runner_list
 
 
-@stage(needs=KV)
+@stage(needs=KV, after=("runner_kv_caches",))
 def extract_hidden_states_check(
     vllm_config: VllmConfig, drafter: Any, runner_kv_cache_config: KVCacheConfig
 ) -> bool:
@@ -168,7 +173,11 @@ def extract_hidden_states_check(
     return False
 
 
-@stage(needs=KV, effects=("kv_transfer_group registered caches",))
+@stage(
+    needs=KV,
+    effects=("kv_transfer_group registered caches",),
+    after=("extract_hidden_states_check",),
+)
 def kv_connector_registration(
     kv_caches: Mapping[str, Any], is_profiling: bool, runner_kv_caches: list[Any]
 ) -> bool:
@@ -186,3 +195,56 @@ def kv_connector_registration(
     group.register_kv_caches(dict(kv_caches))
     group.set_host_xfer_buffer_ops(copy_kv_blocks)
     return True
+
+
+def _disarm_zeroer(kv_block_zeroer: Any) -> None:
+    """Drop the zeroer's address table: anyone still holding it gets a no-op
+    (``zero_block_ids`` returns when ``_meta`` is None), never a write into freed memory.
+
+    The run drops the output and the runner its ``_kv_block_zeroer`` (stock's cleanup
+    leaves a zeroer over the freed cache).
+    """
+    if kv_block_zeroer is not None:
+        kv_block_zeroer._meta = None
+
+
+@stage(
+    needs=KV,
+    teardown=_disarm_zeroer,
+    after=("kv_connector_registration",),
+)
+def kv_block_zeroer(
+    vllm_config: VllmConfig,
+    device: Any,
+    kv_cache_config: KVCacheConfig,
+    is_profiling: bool,
+    runner_kv_cache_config: KVCacheConfig,
+    attn_groups: list[list[AttentionGroup]],
+    kernel_block_sizes: list[int],
+    runner_only_attn_layers: frozenset[str],
+    runner_kv_caches: list[Any],
+) -> Any:
+    """vLLM's ``KVBlockZeroer`` over the KV tensors this phase bound; None when not needed.
+
+    Built exactly as ``Worker.initialize_from_config`` builds it (``_init_kv_zero_meta``):
+    only when the engine's ``kv_cache_config.needs_kv_cache_zeroing`` (Mamba layers or
+    mixed KV precisions) and not in a profiling pass (the worker builds it only after the
+    real ``initialize_kv_cache``). It runs after the allocation stage has left
+    ``kv_cache_allocation_context``, as the worker does, so its address table is ordinary
+    allocator memory that sleep/wake never discards. It stores absolute byte addresses of
+    the bound layer views (``runner_kv_caches`` orders it after binding), so it belongs to
+    this KV phase: a re-run builds a new one over the new tensors.
+    """
+    if is_profiling or not kv_cache_config.needs_kv_cache_zeroing:
+        return None
+    from vllm.v1.worker.utils import KVBlockZeroer
+
+    groups = [g for gs in attn_groups for g in gs] if runner_kv_cache_config.kv_cache_groups else []
+    return KVBlockZeroer(
+        device,
+        attn_groups_iter=groups,
+        kernel_block_sizes=kernel_block_sizes,
+        runner_only_attn_layers=set(runner_only_attn_layers),
+        static_forward_context=vllm_config.compilation_config.static_forward_context,
+        num_blocks=runner_kv_cache_config.num_blocks,
+    )

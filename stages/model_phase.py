@@ -89,10 +89,14 @@ def shared_kv_cache_layers(attention_layers: Mapping[str, AttentionLayerBase]) -
     vLLM fills ``runner.shared_kv_cache_layers`` as a side effect of ``get_kv_cache_spec``;
     here it is an output. Empty for EC-transfer producers (vLLM returns early there).
 
+    Validates what vLLM's ``validate_kv_sharing_target`` still means once every layer is
+    registered — not itself, an attention layer of the model, the same attention type —
+    and nothing more: the target may come after its sharer (vLLM's Gemma4 MTP drafter
+    points its layers at the target model's last layers), as stock accepts.
+
     Raises:
-        ModelPhaseError: a layer names a sharing target that is not an attention layer, or
-            one that does not come before it (the rule of vLLM's
-            ``validate_kv_sharing_target``).
+        ModelPhaseError: a layer names itself, a target that is not an attention layer,
+            or one of another attention type.
     """
     from vllm.model_executor.layers.attention import Attention
 
@@ -101,28 +105,40 @@ def shared_kv_cache_layers(attention_layers: Mapping[str, AttentionLayerBase]) -
     shared: dict[str, str] = {}
     for name, layer in attention_layers.items():
         if isinstance(layer, Attention) and (target := layer.kv_sharing_target_layer_name):
-            if target not in attention_layers:
-                msg = (
-                    f"layer {name!r} shares the KV cache of {target!r}, which is not an "
-                    f"attention layer of the model."
-                )
-                raise ModelPhaseError(msg, layer=name)
-            check_sharing_order(name, target, ModelPhaseError)
+            check_sharing_target(name, target, attention_layers, ModelPhaseError)
             shared[name] = target
     return shared
 
 
-def check_sharing_order(name: str, target: str, error: Callable[..., Exception]) -> None:
-    """Raise ``error(msg, layer=name)`` unless KV-sharing ``target`` is an earlier layer
-    than ``name``."""
-    from vllm.model_executor.models.utils import extract_layer_index
-
-    if extract_layer_index(target) >= extract_layer_index(name):
-        msg = (
-            f"layer {name!r} shares the KV cache of {target!r}, which does not come "
-            f"before it; a KV-sharing target must be an earlier layer."
+def check_sharing_target(
+    name: str,
+    target: str,
+    attention_layers: Mapping[str, Any],
+    error: Callable[..., Exception],
+) -> None:
+    """Raise ``error(msg, layer=...)`` where vLLM's ``validate_kv_sharing_target`` would
+    reject ``name`` sharing ``target``'s KV cache with every layer registered: the target
+    is the layer itself, not an attention layer, or of another attention type."""
+    if target == name:
+        raise error(
+            f"layer {name!r} names itself as its KV-sharing target; a layer can only share "
+            f"the KV cache of another layer.",
+            layer=name,
         )
-        raise error(msg, layer=name)
+    if target not in attention_layers:
+        raise error(
+            f"layer {name!r} shares the KV cache of {target!r}, which is not an attention "
+            f"layer of the model.",
+            layer=name,
+        )
+    mine = getattr(attention_layers[name], "attn_type", None)
+    theirs = getattr(attention_layers[target], "attn_type", None)
+    if mine != theirs:
+        raise error(
+            f"layer {name!r} ({mine}) shares the KV cache of {target!r} ({theirs}); "
+            f"KV sharing needs layers of the same attention type.",
+            layer=name,
+        )
 
 
 @stage(needs=MODEL)

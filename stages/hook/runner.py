@@ -14,8 +14,11 @@ Phase triggers:
   only after ``load_model`` returns, and the KV specs read the final block size. If the
   block size changes after the phase ran and no KV phase is in place, the model phase is
   run again; with a KV phase in place that is an error.
-- KV phase: every ``initialize_kv_cache`` call (vLLM's profiling pass included); a
-  previous KV phase is torn down first, so the runner can be re-initialized (resize).
+- KV phase: every ``initialize_kv_cache`` call (vLLM's profiling pass included). A KV
+  phase already in place is refused, as stock refuses it: tear it down first with
+  ``_cleanup_profiling_kv_cache()`` (what vLLM's profiling pass does). The KV block
+  zeroer is the phase's last stage; the worker's own ``_init_kv_zero_meta`` call then
+  finds it built and builds no second one.
 
 This module imports vllm lazily too (the runner classes are built on first use), so the
 catalog package stays importable without it.
@@ -112,6 +115,11 @@ def apply_kv_outputs(runner: Any, model: Mapping[str, Any], kv: Mapping[str, Any
     runner._init_slot_mapping_modes = list(geometry.slot_mapping_modes)
     runner.cp_kv_cache_interleave_size = geometry.cp_kv_cache_interleave_size
     runner.kv_caches[:] = kv["runner_kv_caches"]
+    zeroer = kv["kv_block_zeroer"]
+    if zeroer is not None:
+        runner._kv_block_zeroer = zeroer
+    elif hasattr(runner, "_kv_block_zeroer"):
+        del runner._kv_block_zeroer  # not needed by this config (stock builds none)
 
 
 def clear_kv_state(runner: Any) -> None:
@@ -119,7 +127,11 @@ def clear_kv_state(runner: Any) -> None:
 
     Layers are reset by the binding stage's teardown; the input batch stays as a
     placeholder and ``_init_block_sizes = []`` forces the next KV phase to rebuild it.
+    One deliberate difference: the KV block zeroer goes too (stock keeps it, pointing at
+    the freed cache).
     """
+    if hasattr(runner, "_kv_block_zeroer"):
+        del runner._kv_block_zeroer
     for i in range(len(runner.kv_caches)):
         runner.kv_caches[i] = None
     runner.kv_caches.clear()
@@ -249,11 +261,18 @@ class PipelinedRunnerMixin:
         is_profiling: bool = False,
         kv_cache_allocation_context: Any = None,
     ) -> None:
-        """Run the KV phase; a KV phase already in place is torn down first."""
+        """Run the KV phase (refused while one is in place, as stock refuses it)."""
         with self._initpipe_lock:
             model = self._initpipe_model_phase()
             if self.initpipe_run.completed(KV) or self.attn_groups or self.kv_caches:  # type: ignore[attr-defined]
-                self._initpipe_release_kv()
+                raise PhaseOrderError(
+                    "initialize_kv_cache() called while a KV cache is in place (generation "
+                    f"{self.initpipe_run.kv_generation}). Re-initializing under a live "
+                    "engine would leave the scheduler's block pool, captured CUDA graphs "
+                    "and KV connectors describing the old cache. Call "
+                    "_cleanup_profiling_kv_cache() first (as vLLM's profiling pass does), "
+                    "or resize through the engine."
+                )
             inputs = kv_inputs(self, kv_cache_config, is_profiling, kv_cache_allocation_context)
             try:
                 outputs = self.initpipe_run.initialize_kv_cache(**inputs)
@@ -262,6 +281,23 @@ class PipelinedRunnerMixin:
                 raise
             apply_kv_outputs(self, model, outputs)
             log_phase(self.initpipe_run, KV)
+
+    def _init_kv_zero_meta(self) -> None:
+        """The worker's call after ``initialize_kv_cache``: the ``kv_block_zeroer`` stage
+        built the zeroer already (or the config needs none), so build no second one.
+
+        Only if that stage did not build one while the config asks for it (a KV phase run
+        with ``is_profiling=True``, then this call) does vLLM's own method build it, over
+        the same live tensors; the KV teardown drops it either way.
+        """
+        with self._initpipe_lock:
+            if not self.initpipe_run.kv_ready:
+                raise PhaseOrderError(
+                    "_init_kv_zero_meta() needs a KV cache in place; call "
+                    "initialize_kv_cache() first."
+                )
+            if self.initpipe_run.outputs["kv_block_zeroer"] is None:
+                super()._init_kv_zero_meta()  # type: ignore[misc]
 
     def capture_model(self) -> Any:
         """vLLM's CUDA-graph capture, recorded as a span of the trace."""

@@ -6,9 +6,14 @@ What belongs here: :func:`runner_snapshot` and its helpers. It reads what vLLM's
 into JSON-able values: class names (dynamic backend subclasses by name), specs, every KV
 view's shape/stride/dtype/storage offset and which views share storage, each layer's bound
 ``kv_cache``, attention groups with their builders' classes and scalar settings, kernel and
-input-batch block sizes, cudagraph mode and dispatcher keys, the runner-only / shared /
-fast-prefill sets, which KV blocks hold non-zero data and a digest of the KV bytes.
+input-batch block sizes, cudagraph mode, capture sizes and dispatcher keys, the
+runner-only / shared / fast-prefill sets, the KV block zeroer's address table (relative to
+the live KV storages, or marked stale), the Mamba buffers and the Mamba SSU backend global,
+the drafter's state, which KV blocks hold non-zero data and a digest of the KV bytes.
 Replaces nothing in vLLM.
+
+:data:`DELIBERATE_DIFFERENCES` lists where the pipelined runner differs from stock on
+purpose; :func:`stock_differences` applies it.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import dataclasses
 import enum
 from typing import Any
 
-__all__ = ["diff_snapshots", "runner_snapshot"]
+__all__ = ["DELIBERATE_DIFFERENCES", "diff_snapshots", "runner_snapshot", "stock_differences"]
 
 _SCALARS = (bool, int, float, str, type(None))
 
@@ -58,6 +63,18 @@ class _Storages:
 
     def __init__(self) -> None:
         self.ids: dict[int, int] = {}
+
+    def ranges(self, tensors: list[Any]) -> list[tuple[int, int, int]]:
+        """``(start, end, storage id)`` of each distinct live storage among ``tensors``."""
+        import torch
+
+        out = {}
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.numel():
+                st = t.untyped_storage()
+                ptr = st.data_ptr()
+                out[ptr] = (ptr, ptr + st.nbytes(), self.ids.setdefault(ptr, len(self.ids)))
+        return sorted(out.values())
 
     def view(self, t: Any) -> Any:
         import torch
@@ -129,6 +146,69 @@ def _digest(t: Any) -> str | None:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
+def _zeroer(runner: Any, storages: _Storages, live: list[Any]) -> Any:
+    """The KV block zeroer's segment table, each address as ``[storage, offset]`` into a
+    live KV storage, or ``"freed"`` when it points into no live KV memory."""
+    z = getattr(runner, "_kv_block_zeroer", None)
+    if z is None:
+        return None
+    meta = getattr(z, "_meta", None)
+    if meta is None:
+        return {"class": type(z).__name__, "segments": None}
+    addrs, block_strides, page_sizes, max_chunks, blk_size, n_segs = meta
+    ranges = storages.ranges(live)
+    segments = []
+    for addr, stride, page in zip(
+        addrs.tolist(), block_strides.tolist(), page_sizes.tolist(), strict=True
+    ):
+        addr &= (1 << 64) - 1  # uint64 read back through int64
+        where: Any = "freed"
+        for start, end, sid in ranges:
+            if start <= addr < end:
+                where = [sid, addr - start]
+                break
+        segments.append([where, stride, page])
+    return {
+        "class": type(z).__name__,
+        "segments": segments,
+        "max_chunks": max_chunks,
+        "blk_size": blk_size,
+        "n_segs": n_segs,
+    }
+
+
+def _drafter(runner: Any) -> Any:
+    d = getattr(runner, "drafter", None)
+    if d is None:
+        return None
+    disp = getattr(d, "cudagraph_dispatcher", None)
+    return {
+        "class": type(d).__name__,
+        "draft_attn_groups": [_attn_group(g) for g in getattr(d, "draft_attn_groups", []) or []],
+        "dispatcher": None if disp is None else _dispatcher(disp),
+    }
+
+
+def _dispatcher(disp: Any) -> dict[str, Any]:
+    return {
+        "keys_initialized": disp.keys_initialized,
+        "mode": _scalar(disp.cudagraph_mode),
+        "keys": {str(m): sorted(repr(k) for k in ks) for m, ks in disp.cudagraph_keys.items()},
+    }
+
+
+def _process_globals() -> dict[str, Any]:
+    """Process-wide state the KV phase writes: the Mamba SSU backend selection."""
+    from vllm.model_executor.layers.mamba.ops import ssu_dispatch
+
+    backend = ssu_dispatch._mamba_ssu_backend
+    kernel = ssu_dispatch._flashinfer_replayssm_kernel
+    return {
+        "mamba_ssu_backend": None if backend is None else type(backend).__name__,
+        "flashinfer_replayssm_kernel": None if kernel is None else repr(kernel),
+    }
+
+
 def _vllm_base(cls: type) -> str:
     for c in cls.__mro__:
         if c.__module__.startswith("vllm."):
@@ -158,11 +238,9 @@ def runner_snapshot(runner: Any, *, blocks: bool = True) -> dict[str, Any]:
         "kv_cache_layout": cache.kv_cache_layout,
         "max_model_len": runner.max_model_len,
         "cudagraph_mode": _scalar(cc.cudagraph_mode),
-        "dispatcher": {
-            "keys_initialized": disp.keys_initialized,
-            "mode": _scalar(disp.cudagraph_mode),
-            "keys": {str(m): sorted(repr(k) for k in ks) for m, ks in disp.cudagraph_keys.items()},
-        },
+        "cudagraph_capture_sizes": _scalar(cc.cudagraph_capture_sizes),
+        "max_cudagraph_capture_size": cc.max_cudagraph_capture_size,
+        "dispatcher": _dispatcher(disp),
         "shared_kv_cache_layers": dict(sorted(runner.shared_kv_cache_layers.items())),
         "runner_only_attn_layers": sorted(runner.runner_only_attn_layers),
         "kv_sharing_fast_prefill_eligible_layers": sorted(
@@ -208,6 +286,16 @@ def runner_snapshot(runner: Any, *, blocks: bool = True) -> dict[str, Any]:
                 "backend": backend.get_name() if backend is not None else None,
             }
     snap["layers"] = layers
+    layer_views = [
+        layer.kv_cache
+        for layer in runner.vllm_config.compilation_config.static_forward_context.values()
+        if hasattr(layer, "kv_cache")
+    ]
+    snap["kv_block_zeroer"] = _zeroer(runner, storages, kv_list + _flat(layer_views))
+    snap["mamba_bufs"] = _present(getattr(runner, "_mamba_bufs", None))
+    snap["mamba_state_copy_funcs"] = _present(getattr(runner, "_mamba_state_copy_funcs", None))
+    snap["process_globals"] = _process_globals()
+    snap["drafter"] = _drafter(runner)
     batch = runner.input_batch
     snap["input_batch"] = {
         "class": type(batch).__name__,
@@ -222,6 +310,64 @@ def runner_snapshot(runner: Any, *, blocks: bool = True) -> dict[str, Any]:
         snap["nonzero_blocks"] = [_nonzero_blocks(t) for t in kv_list]
         snap["kv_digest"] = [_digest(t) for t in kv_list]
     return snap
+
+
+def _flat(views: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for v in views:
+        out.extend(_flat(list(v)) if isinstance(v, (list, tuple)) else [v])
+    return out
+
+
+def _present(value: Any) -> Any:
+    return None if value is None else type(value).__name__
+
+
+#: Where the pipelined runner differs from stock on purpose: snapshot key -> why
+#: (README: "Differences from stock cleanup"). :func:`stock_differences` skips it only
+#: where stock has a value and the pipelined runner None.
+DELIBERATE_DIFFERENCES = {
+    "kv_block_zeroer": (
+        "after a KV teardown stock keeps its KVBlockZeroer, whose absolute addresses point "
+        "into the freed KV cache (or, by allocator reuse, into whatever lies there next); "
+        "the pipelined runner drops it with the KV phase, and each real KV phase builds "
+        "a new one"
+    ),
+}
+
+
+def _stale(value: Any) -> bool:
+    segments = value.get("segments") if isinstance(value, dict) else None
+    return bool(segments) and all(seg[0] == "freed" for seg in segments)
+
+
+def stock_differences(
+    stock: Any, pipelined: Any, path: str = "", *, torn_down: bool = False
+) -> list[str]:
+    """:func:`diff_snapshots` of a stock and a pipelined snapshot, minus the
+    :data:`DELIBERATE_DIFFERENCES`.
+
+    A stock zeroer where the pipelined runner has none is accepted when it points into
+    freed memory, or when ``torn_down``: the caller knows stock's KV phase was torn down
+    since its worker last built the zeroer (after a cleanup, or a profiling pass after
+    one), so it addresses a cache that is gone even if the allocator reused the address.
+    """
+    if isinstance(stock, dict) and isinstance(pipelined, dict):
+        out = []
+        for k in sorted(set(stock) | set(pipelined), key=str):
+            if k not in stock or k not in pipelined:
+                out.append(f"{path}/{k}: only in {'b' if k not in stock else 'a'}")
+            elif (
+                k in DELIBERATE_DIFFERENCES
+                and stock[k] is not None
+                and pipelined[k] is None
+                and (torn_down or _stale(stock[k]))
+            ):
+                continue
+            else:
+                out += stock_differences(stock[k], pipelined[k], f"{path}/{k}", torn_down=torn_down)
+        return out
+    return diff_snapshots(stock, pipelined, path)
 
 
 def diff_snapshots(a: Any, b: Any, path: str = "") -> list[str]:

@@ -68,16 +68,64 @@ def test_order_respects_vllm_constraints() -> None:
         assert order.index(a) < order.index(b), (a, b)
 
 
-def test_effects_come_with_teardowns() -> None:
+#: vLLM 0.32.0's initialize_kv_cache, step by step (shared/design/vllm-init-map.md), then the
+#: worker's KV block zeroer; each step lists the catalog stages that replace it.
+STOCK_KV_STEPS = [
+    ("K1 encoder-only group", ["encoder_only_kv_cache_group"]),
+    ("K2 runner's config", ["runner_kv_cache_config"]),
+    ("K3 attention backend", ["attention_groups", "cudagraph_mode"]),
+    ("K4 Mamba SSU backend", ["mamba_ssu_backend"]),
+    ("K5 kernel block sizes", ["kernel_block_sizes"]),
+    (
+        "K6 metadata builders",
+        ["metadata_builders", "drafter_attn_groups", "reorder_batch_threshold"],
+    ),
+    ("K7 input batch", ["reinitialize_input_batch"]),
+    ("K8 KV tensors", ["allocated_kv_caches", "kv_caches", "runner_kv_caches"]),
+    ("K9 hidden-states check", ["extract_hidden_states_check"]),
+    ("K10 connector", ["kv_connector_registration"]),
+    ("worker: KV block zeroer", ["kv_block_zeroer"]),
+]
+
+
+def test_kv_phase_is_forced_into_stocks_order() -> None:
+    """Every stage of a stock step has a path to every stage of each later step, so ANY
+    topological order of the declared graph runs them in stock's order (not only the
+    one networkx picks today); the chosen order follows it too."""
+    import networkx as nx
+
+    p = catalog()
+    steps = [names for _, names in STOCK_KV_STEPS]
+    assert sorted(n for names in steps for n in names) == sorted(p.phase_order(KV))
+    for i, earlier in enumerate(steps):
+        for later in steps[i + 1 :]:
+            for a in earlier:
+                for b in later:
+                    assert nx.has_path(p.graph, a, b), f"{a} is not forced before {b}"
+    order = p.phase_order(KV)
+    flat = [n for names in steps for n in names]
+    ranks = {n: i for i, names in enumerate(steps) for n in names}
+    assert [ranks[n] for n in order] == sorted(ranks[n] for n in flat)
+
+
+def test_effects_declared_and_undone_only_where_stock_undoes_them() -> None:
     specs = catalog().specs
     assert specs["cudagraph_mode"].effects == (
         "compilation_config.cudagraph_mode",
         "cudagraph_dispatcher keys",
     )
     assert "layer.kv_cache" in specs["runner_kv_caches"].effects
+    # stock's cleanup leaves these in place, so no teardown touches them
+    kept = {
+        "cudagraph_mode",
+        "mamba_ssu_backend",
+        "drafter_attn_groups",
+        "kv_connector_registration",  # connectors cannot unregister
+    }
     for name, spec in specs.items():
-        if spec.effects and name != "kv_connector_registration":  # connectors cannot unregister
-            assert spec.teardown is not None, name
+        if spec.effects:
+            assert (spec.teardown is None) == (name in kept), name
+    assert specs["kv_block_zeroer"].teardown is not None  # nothing may point at freed KV
 
 
 def test_every_stage_is_documented() -> None:

@@ -15,11 +15,11 @@ import weakref
 import pytest
 import torch
 
-from initpipe import KV, stage
+from initpipe import KV, PhaseOrderError, stage
 from initpipe.errors import StageError
 from initpipe_vllm import catalog
 from initpipe_vllm.runner import engine_kv_cache_config
-from initpipe_vllm.testing.snapshot import diff_snapshots, runner_snapshot
+from initpipe_vllm.testing.snapshot import runner_snapshot, stock_differences
 
 MODELS = [
     "tiny-llama",
@@ -52,12 +52,21 @@ def _pair(make, model):
 
 
 def _init(made, cfg=None, **kw):
+    """``initialize_kv_cache``, then what the worker does next (``initialize_from_config``
+    builds the KV block zeroer after a real, non-profiling KV phase)."""
+    cfg = cfg or made.kv_cache_config
     with made.current():
-        made.runner.initialize_kv_cache(copy.deepcopy(cfg or made.kv_cache_config), **kw)
+        made.runner.initialize_kv_cache(copy.deepcopy(cfg), **kw)
+        if cfg.needs_kv_cache_zeroing and not kw.get("is_profiling"):
+            made.runner._init_kv_zero_meta()
 
 
-def _same(a, b) -> None:
-    diffs = diff_snapshots(runner_snapshot(a.runner), runner_snapshot(b.runner))
+def _same(stock, piped, *, torn_down=False) -> None:
+    """Snapshot-equal, except the documented deliberate differences (``torn_down``: stock's
+    zeroer predates a KV teardown, so the pipelined runner has none)."""
+    diffs = stock_differences(
+        runner_snapshot(stock.runner), runner_snapshot(piped.runner), torn_down=torn_down
+    )
     assert diffs == []
 
 
@@ -69,10 +78,10 @@ def test_init_cleanup_profiling_and_reinit_match_stock(make, model) -> None:
     assert type(piped.runner).__name__.startswith("Pipelined")
     for made in (stock, piped):
         _stock_cleanup(made.runner)
-    _same(stock, piped)
+    _same(stock, piped, torn_down=True)
     for made in (stock, piped):  # vLLM's minimal profiling pass
         _init(made, made.kv_cache_config, is_profiling=True)
-    _same(stock, piped)
+    _same(stock, piped, torn_down=True)
     for made in (stock, piped):
         _stock_cleanup(made.runner)
         _init(made)
@@ -82,15 +91,36 @@ def test_init_cleanup_profiling_and_reinit_match_stock(make, model) -> None:
 def test_teardown_leaves_the_runner_as_vllms_cleanup(make) -> None:
     stock, piped = _pair(make, "tiny-gemma4-kvshare")
     _init(stock), _init(piped)
-    piped.runner._cleanup_profiling_kv_cache()  # the run's KV teardown, keys included
-    _stock_cleanup(stock.runner)
-    _same(stock, piped)
+    for made in (stock, piped):  # the bare cleanup: no key clearing before it
+        made.runner._cleanup_profiling_kv_cache()
+    _same(stock, piped, torn_down=True)
     snap = runner_snapshot(piped.runner)
     assert snap["attn_groups"] == [] and snap["runner_kv_caches"] == []
     assert snap["init_block_sizes"] == [] and snap["kv_cache_config"] is None
-    assert snap["shared_kv_cache_layers"] and snap["dispatcher"]["keys_initialized"] is False
+    # stock's cleanup leaves the dispatcher keys (its profiling pass clears them itself)
+    assert snap["shared_kv_cache_layers"] and snap["dispatcher"]["keys_initialized"] is True
     assert all(v["kv_cache"]["shape"] == [0] for v in snap["layers"].values())
     assert piped.runner.initpipe_run.completed(KV) == []
+
+
+def test_cleanup_leaves_process_globals_and_drafter_as_stock(make) -> None:
+    """The Mamba SSU backend global stays selected after cleanup, as stock leaves it (it
+    used to be reset to None, breaking any Mamba forward until the next KV phase)."""
+    from vllm.model_executor.layers.mamba.ops import ssu_dispatch
+
+    stock, piped = _pair(make, "tiny-nemotron-h")
+    saved = ssu_dispatch._mamba_ssu_backend
+    try:
+        for made in (stock, piped):
+            ssu_dispatch._mamba_ssu_backend = None  # as in a fresh process
+            _init(made)
+            made.runner._cleanup_profiling_kv_cache()
+            snap = runner_snapshot(made.runner)
+            assert snap["process_globals"]["mamba_ssu_backend"] is not None
+            assert ssu_dispatch.get_mamba_ssu_backend() is not None  # no raise
+        _same(stock, piped, torn_down=True)
+    finally:
+        ssu_dispatch._mamba_ssu_backend = saved
 
 
 def test_kv_teardown_returns_the_kv_memory(make) -> None:
@@ -139,20 +169,103 @@ def test_get_kv_cache_spec_before_load_model_says_what_to_do(make) -> None:
             runner.get_kv_cache_spec()
 
 
-def test_resize_without_restart_frees_the_old_cache(make) -> None:
+def test_a_second_kv_phase_in_place_is_refused_and_cleanup_then_init_resizes(make) -> None:
+    """Stock asserts on a second initialize_kv_cache; the pipelined runner refuses it by
+    name (on a live engine a silent re-run would leave the block pool and CUDA graphs on
+    the old cache). Cleanup first, then initialize: the old cache is freed."""
     from initpipe_vllm.testing import plan_kv_cache_config
 
     piped = make("tiny-gemma2", pipelined=True)
     _init(piped)
     old = weakref.ref(piped.runner.kv_caches[0])
     bigger = plan_kv_cache_config(piped.runner, 16 << 20)
-    _init(piped, bigger)  # no cleanup call: the run tears down
+    before = runner_snapshot(piped.runner)
+    with pytest.raises(PhaseOrderError, match="_cleanup_profiling_kv_cache\\(\\) first"):
+        _init(piped, bigger)
+    assert stock_differences(before, runner_snapshot(piped.runner)) == []  # untouched
+    with piped.current():
+        piped.runner._cleanup_profiling_kv_cache()
+    _init(piped, bigger)
     gc.collect()
     assert old() is None
     assert (
         piped.runner.kv_caches[0].shape[0] == bigger.num_blocks > piped.kv_cache_config.num_blocks
     )
     assert piped.runner.initpipe_run.kv_generation == 2
+
+
+def test_the_replaced_input_batch_is_not_kept_alive(make) -> None:
+    """After a KV phase that rebuilds the InputBatch, nothing of initpipe's holds the old one
+    (stock drops it; the run used to keep it as a phase input until the next teardown)."""
+    stock, piped = _pair(make, "tiny-llama")
+    olds = []
+    for made in (stock, piped):
+        _init(made)
+        with made.current():
+            made.runner._cleanup_profiling_kv_cache()  # _init_block_sizes = []: rebuilt next
+        olds.append(weakref.ref(made.runner.input_batch))
+        _init(made)
+        assert made.runner.input_batch is not olds[-1]()
+    gc.collect()
+    assert [ref() for ref in olds] == [None, None]
+
+
+def test_kv_block_zeroer_follows_a_rerun_with_another_num_blocks(make) -> None:
+    """The zeroer stores absolute addresses: after cleanup and a re-run with another
+    num_blocks it must address the new tensors exactly as a fresh stock runner's zeroer
+    over the same config does (relative to the buffers' bases); after cleanup it is gone."""
+    from initpipe_vllm.testing import plan_kv_cache_config
+
+    stock, piped = _pair(make, "tiny-nemotron-h")
+    assert piped.kv_cache_config.needs_kv_cache_zeroing  # Mamba layers
+    _init(piped)
+    first = piped.runner._kv_block_zeroer
+    assert piped.runner.initpipe_run.outputs["kv_block_zeroer"] is first  # no second one
+    bigger = plan_kv_cache_config(piped.runner, 24 << 20)
+    assert bigger.num_blocks != piped.kv_cache_config.num_blocks
+    with piped.current():
+        piped.runner._cleanup_profiling_kv_cache()
+    assert not hasattr(piped.runner, "_kv_block_zeroer")
+    assert first._meta is None  # disarmed: a leftover reference zeroes nothing
+    with piped.current():  # the re-run alone (no worker call) leaves a zeroer over it
+        piped.runner.initialize_kv_cache(copy.deepcopy(bigger))
+    _init(stock, bigger)  # a fresh stock runner over the same config
+    ours = runner_snapshot(piped.runner)["kv_block_zeroer"]
+    assert ours == runner_snapshot(stock.runner)["kv_block_zeroer"]
+    assert ours["segments"] and all(seg[0] != "freed" for seg in ours["segments"])
+    # stock's cleanup keeps its zeroer over the freed cache: the deliberate difference
+    with stock.current():
+        stock.runner._cleanup_profiling_kv_cache()
+    stale = runner_snapshot(stock.runner)["kv_block_zeroer"]
+    assert {seg[0] for seg in stale["segments"]} == {"freed"}
+
+
+def test_kv_sharing_target_after_its_sharer_runs_as_stock_runs_it(make) -> None:
+    """vLLM's Gemma4 MTP drafter shares the KV cache of a LATER-indexed layer; stock's
+    get_kv_cache_spec accepts it, so the catalog must too (same runner state)."""
+    from initpipe_vllm.testing import plan_kv_cache_config
+
+    made = []
+    for pipelined in (False, True):
+        m = make("tiny-llama", pipelined=pipelined, plan=False)
+        layers = m.cfg.compilation_config.static_forward_context
+        layers[
+            "model.layers.0.self_attn.attn"
+        ].kv_sharing_target_layer_name = "model.layers.1.self_attn.attn"
+        m.kv_cache_config = plan_kv_cache_config(m.runner)
+        made.append(m)
+    stock, piped = made
+    assert stock.kv_cache_config == piped.kv_cache_config
+    _init(stock), _init(piped)
+    _same(stock, piped)
+    assert piped.runner.shared_kv_cache_layers == {
+        "model.layers.0.self_attn.attn": "model.layers.1.self_attn.attn"
+    }
+    layers = piped.cfg.compilation_config.static_forward_context
+    assert (
+        layers["model.layers.0.self_attn.attn"].kv_cache.data_ptr()
+        == layers["model.layers.1.self_attn.attn"].kv_cache.data_ptr()
+    )
 
 
 def test_max_model_len_is_read_at_kv_time(make) -> None:
@@ -218,7 +331,6 @@ def test_a_failing_stage_rolls_back_and_a_retry_works(make, failing) -> None:
         assert not hasattr(runner, "kv_cache_config")
         ctx = cfg.compilation_config.static_forward_context
         assert all(layer.kv_cache.numel() == 0 for layer in ctx.values())
-        assert runner.cudagraph_dispatcher.keys_initialized is False
         runner.initialize_kv_cache(copy.deepcopy(kv))  # the retry
     assert len(runner.kv_caches) == 2 and runner.attn_groups
 
