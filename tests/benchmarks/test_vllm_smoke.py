@@ -25,7 +25,6 @@ EXPECTED = [
     "first KV phase initpipe/stock (median)",
     "KV re-init initpipe/stock (median)",
     "KV re-init initpipe/stock, unfrozen heap (median)",
-    "KV re-init, initpipe bare initialize_kv_cache / stock cleanup+init (median)",
     "engine restart / initpipe KV re-init (median)",
     "KV allocation 8 MiB: torch.zeros/initpipe (median)",
     "KV allocation 8 MiB: initpipe/stock (median)",

@@ -115,6 +115,14 @@ class Rig:
             # vLLM's engine records the scheduler's block count (core.py step 17)
             self.cfg.cache_config.num_gpu_blocks = self.runner.kv_cache_config.num_blocks
 
+    def reinit(self, kv_cache_config: Any = None) -> None:
+        """vLLM's sequence for a new KV cache — cleanup, then initialize — as one step: the
+        runner's lock (re-entrant) is held across both, so concurrent callers cannot
+        interleave them (a bare second ``initialize_kv_cache`` is refused)."""
+        with self.runner._initpipe_lock:
+            self.cleanup()
+            self.init(kv_cache_config)
+
     def cleanup(self) -> None:
         with self.current():
             self.runner._cleanup_profiling_kv_cache()

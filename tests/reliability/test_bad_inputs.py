@@ -5,8 +5,9 @@ attributes, never a raw KeyError, networkx or assertion traceback. Most mutate a
 the engine's KV cache config and pass it to ``initialize_kv_cache`` of a loaded tiny-llama
 pipelined runner (``relkit.Rig``), which must be left as vLLM's cleanup leaves it, with
 the good config still working afterwards. Inputs vLLM's own constructors would reject
-first (a bad KV cache layout, KV-sharing targets that are missing or come after their
-sharer) go straight to the catalog stage that consumes them. Last, the pipelined runner
+first (a bad KV cache layout, KV-sharing targets that are missing, the layer itself or of
+another attention type) go straight to the catalog stage that consumes them; a target
+after its sharer is accepted, as stock accepts it. Last, the pipelined runner
 refuses ``initialize_kv_cache`` before ``load_model``.
 
 The core contracts live in tests/core/: malformed ``@stage`` declarations in
@@ -50,13 +51,13 @@ def bad(rig):
         cfg = copy.deepcopy(rig.kv_cache_config)
         mutate(cfg)
         with pytest.raises(StageError) as info:
-            rig.init(cfg)
+            rig.reinit(cfg)
         assert not isinstance(info.value.__cause__, (KeyError, *NOT_RAW))
         assert rig.diff(rig.cleaned) == []
         return info.value
 
     yield _bad
-    rig.init()  # the good config still works afterwards
+    rig.reinit()  # the good config still works afterwards
     assert rig.diff(rig.clean) == []
 
 
@@ -218,27 +219,62 @@ def test_kv_sharing_target_without_a_tensor_at_allocation(rig, model_outputs) ->
     assert info.value.field == "kv_cache_tensors"
 
 
-def test_kv_sharing_target_after_its_sharer_model_phase(rig, model_outputs) -> None:
+def test_kv_sharing_target_after_its_sharer_is_accepted_as_stock_accepts_it(
+    rig, model_outputs
+) -> None:
+    """Stock's get_kv_cache_spec has no order check (vLLM's Gemma4 MTP drafter shares a
+    later-indexed layer); both phases accept it (stock-equality: tests/vllm/test_runner.py)."""
+    from initpipe_vllm.kv_phase import runner_kv_cache_config
     from initpipe_vllm.model_phase import shared_kv_cache_layers
 
     layer = model_outputs["attention_layers"][L0]
     layer.kv_sharing_target_layer_name = L1
     try:
-        with pytest.raises(ModelPhaseError, match=L1) as info:
-            shared_kv_cache_layers(model_outputs["attention_layers"])
+        assert shared_kv_cache_layers(model_outputs["attention_layers"]) == {L0: L1}
     finally:
         layer.kv_sharing_target_layer_name = None
-    assert info.value.layer == L0
+    cfg = runner_kv_cache_config(
+        _engine_config_without(rig, L0), model_outputs["attention_layers"], {L0: L1}, None
+    )
+    assert any(L0 in g.layer_names and L1 in g.layer_names for g in cfg.kv_cache_groups)
 
 
-def test_kv_sharing_target_after_its_sharer_kv_phase(rig, model_outputs) -> None:
+@pytest.mark.parametrize("phase", ["model", "kv"])
+def test_kv_sharing_target_that_is_the_layer_itself(rig, model_outputs, phase) -> None:
     from initpipe_vllm.kv_phase import runner_kv_cache_config
+    from initpipe_vllm.model_phase import shared_kv_cache_layers
 
-    with pytest.raises(KVCacheConfigError, match=L1) as info:
-        runner_kv_cache_config(
-            _engine_config_without(rig, L0), model_outputs["attention_layers"], {L0: L1}, None
-        )
-    assert info.value.layer in (L0, L1)
+    layers = model_outputs["attention_layers"]
+    if phase == "kv":
+        with pytest.raises(KVCacheConfigError, match="names itself") as info:
+            runner_kv_cache_config(_engine_config_without(rig, L1), layers, {L1: L1}, None)
+        assert info.value.field == "kv_cache_groups"
+    else:
+        layers[L1].kv_sharing_target_layer_name = L1
+        try:
+            with pytest.raises(ModelPhaseError, match="names itself") as info:
+                shared_kv_cache_layers(layers)
+        finally:
+            layers[L1].kv_sharing_target_layer_name = None
+    assert info.value.layer == L1
+
+
+def test_kv_sharing_target_of_another_attention_type(rig, model_outputs) -> None:
+    from vllm.v1.attention.backend import AttentionType
+
+    from initpipe_vllm.model_phase import shared_kv_cache_layers
+
+    layers = model_outputs["attention_layers"]
+    layers[L1].kv_sharing_target_layer_name = L0
+    saved = layers[L0].attn_type
+    layers[L0].attn_type = AttentionType.ENCODER_ONLY
+    try:
+        with pytest.raises(ModelPhaseError, match="same attention type") as info:
+            shared_kv_cache_layers(layers)
+    finally:
+        layers[L1].kv_sharing_target_layer_name = None
+        layers[L0].attn_type = saved
+    assert info.value.layer == L1 and L0 in str(info.value)
 
 
 def test_a_bad_kv_cache_layout_name(rig) -> None:

@@ -1,10 +1,13 @@
-"""Concurrent ``initialize_kv_cache`` calls on one pipelined runner are serialized.
+"""Concurrent KV re-initializations of one pipelined runner are serialized.
 
-The allocation stage is replaced (``catalog().replace``) by one that calls the real stage
+Each thread runs vLLM's sequence for a new KV cache — ``_cleanup_profiling_kv_cache()``
+then ``initialize_kv_cache`` — under the runner's re-entrant lock (``Rig.reinit``). The
+allocation stage is replaced (``catalog().replace``) by one that calls the real stage
 but first sleeps, so a second thread arrives while the first is mid-phase; it records
 who is inside and weak references to every storage it allocated. Checked: the second
 call waits for the first (no interleaving of their KV phases in the trace), never two
-KV allocations alive at once, and the runner ends in a consistent, clean-run state.
+KV allocations alive at once, and the runner ends in a consistent, clean-run state. A
+bare second ``initialize_kv_cache`` racing a KV phase is refused, never interleaved.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import weakref
 import pytest
 from relkit import Rig, frozen_gc
 
-from initpipe import KV, stage
+from initpipe import KV, PhaseOrderError, stage
 from initpipe_vllm import catalog
 from initpipe_vllm.kv_tensors import allocated_kv_caches as real_allocation
 
@@ -92,14 +95,14 @@ def rig():
         yield r
 
 
-def _threads(rig, configs):
+def _threads(rig, configs, call_with=None):
     errors: list[BaseException] = []
     calls: dict[int, float] = {}
 
     def call(cfg):
         calls[threading.get_ident()] = time.perf_counter()
         try:
-            rig.init(cfg)
+            (call_with or rig.reinit)(cfg)
         except BaseException as err:  # reported below
             errors.append(err)
 
@@ -111,12 +114,14 @@ def _threads(rig, configs):
         t.start()
     for t in threads:
         t.join(30)
+    if call_with is not None:
+        return errors
     assert not errors, errors
     return calls
 
 
 def test_two_concurrent_initializations_are_serialized(rig) -> None:
-    rig.init()
+    rig.reinit()
     PROBE.intervals.clear()
     run = rig.runner.initpipe_run
     gen0 = run.kv_generation
@@ -137,7 +142,7 @@ def test_two_concurrent_initializations_are_serialized(rig) -> None:
 
 
 def test_never_two_kv_allocations_alive_at_once(rig) -> None:
-    rig.init()
+    rig.reinit()
     PROBE.alive_at_allocation.clear()
     _threads(rig, [rig.plan(n) for n in (16, 64, 24, 128)])
     assert PROBE.alive_at_allocation == [0, 0, 0, 0]  # the previous cache was already freed
@@ -154,3 +159,16 @@ def test_after_the_race_a_clean_init_matches_a_clean_run(rig) -> None:
     assert rig.diff(rig.clean) == []
     rig.cleanup()  # vLLM's cleanup collects garbage too
     assert PROBE.alive() == 0
+
+
+def test_a_bare_second_initialize_racing_a_kv_phase_is_refused(rig) -> None:
+    rig.cleanup()
+    gen0 = rig.runner.initpipe_run.kv_generation
+    PROBE.intervals.clear()
+    errors = _threads(rig, [rig.plan(32), rig.plan(48)], call_with=rig.init)
+    assert len(PROBE.intervals) == 1  # only the first call ran a KV phase
+    assert len(errors) == 1 and isinstance(errors[0], PhaseOrderError)
+    assert "_cleanup_profiling_kv_cache() first" in str(errors[0])
+    runner = rig.runner
+    assert runner.initpipe_run.kv_generation == gen0 + 1
+    assert runner.kv_caches[0].shape[0] == runner.kv_cache_config.num_blocks == 32

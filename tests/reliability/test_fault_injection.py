@@ -6,13 +6,14 @@ completed (``after=True``: its output exists and must be rolled back), check tha
 - the ``StageError`` names the stage, its phase and the stages that had completed;
 - the runner is exactly as vLLM's ``_cleanup_profiling_kv_cache`` leaves it (snapshot equal
   to the same runner's after a clean init + cleanup): no attention groups, no KV tensors,
-  every layer's ``kv_cache`` empty, cudagraph mode and dispatcher keys as before, the
-  input batch untouched, the Mamba SSU globals restored;
+  every layer's ``kv_cache`` empty, cudagraph mode and dispatcher keys as stock's cleanup
+  leaves them, the input batch untouched, the Mamba SSU globals as stock leaves them;
 - every KV storage allocated (the failed pass's and the one it replaced) is freed;
 - after ``clear_faults()`` a retry succeeds and its snapshot equals a clean run's.
 
-KV-stage faults hit a runner that holds a KV cache (the re-init path: the old cache is
-released first, then the new pass fails). Model-stage faults hit a fresh run of the model
+KV-stage faults hit a runner that holds a KV cache and goes through vLLM's re-init
+sequence (``_cleanup_profiling_kv_cache()`` releases the old cache, then the new pass
+fails). Model-stage faults hit a fresh run of the model
 phase and surface from ``get_kv_cache_spec()`` or ``initialize_kv_cache()``.
 """
 
@@ -76,7 +77,6 @@ def _check_cleaned(rig, batch_before):
     assert not hasattr(runner, "kv_cache_config")
     ctx = rig.cfg.compilation_config.static_forward_context
     assert all(layer.kv_cache.numel() == 0 for layer in ctx.values())
-    assert runner.cudagraph_dispatcher.keys_initialized is False
     assert runner.input_batch is batch_before  # no half-built input batch
     run = runner.initpipe_run
     assert run.completed(KV) == [] and not run.kv_ready
@@ -90,7 +90,7 @@ def _check_cleaned(rig, batch_before):
 @pytest.mark.parametrize("name", KV_STAGES)
 def test_kv_stage_fault_rolls_back_frees_kv_and_retry_works(rig, name, when) -> None:
     after = WHEN[when]
-    rig.init()  # a KV cache in place
+    rig.reinit()  # a KV cache in place
     assert rig.diff(rig.clean) == []
     batch, ssu = rig.runner.input_batch, _ssu_globals()
     n_before = len(rig.spy.allocations)
@@ -98,7 +98,7 @@ def test_kv_stage_fault_rolls_back_frees_kv_and_retry_works(rig, name, when) -> 
     inject_fault(run, name, Injected(f"injected into {name}"), after=after)
     try:
         with pytest.raises(StageError, match=f"stage '{name}'") as info:
-            rig.init()
+            rig.reinit()
     finally:
         clear_faults(run)
     _check_error(info.value, name, KV, _expected_completed(KV_STAGES, name, after))
@@ -142,4 +142,4 @@ def test_model_stage_fault_surfaces_from_the_runner_and_retry_works(rig, name, w
 
 
 def test_every_catalog_stage_is_covered() -> None:
-    assert sorted(KV_STAGES + MODEL_STAGES) == sorted(ORDER) and len(ORDER) == 23
+    assert sorted(KV_STAGES + MODEL_STAGES) == sorted(ORDER) and len(ORDER) == 24

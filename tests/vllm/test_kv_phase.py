@@ -125,7 +125,9 @@ def test_attention_groups_group_as_stock(make, model_inputs, model) -> None:
     assert _shape(groups) == _shape(_stock_init(made).attn_groups)
 
 
-def test_cudagraph_mode_sets_dispatcher_keys_and_teardown_clears_them(make, model_inputs) -> None:
+def test_cudagraph_mode_sets_dispatcher_keys_which_stay_as_stock_leaves_them(
+    make, model_inputs
+) -> None:
     from vllm.config import CUDAGraphMode
 
     made = make("tiny-llama")
@@ -140,22 +142,24 @@ def test_cudagraph_mode_sets_dispatcher_keys_and_teardown_clears_them(make, mode
         )
     assert mode == CUDAGraphMode.NONE == made.cfg.compilation_config.cudagraph_mode
     assert disp.keys_initialized
-    kp.cudagraph_mode.__initpipe_stage__.teardown(mode, disp, None)
-    assert not disp.keys_initialized
-    assert made.cfg.compilation_config.cudagraph_mode == CUDAGraphMode.NONE  # resolved mode stays
+    # stock's _cleanup_profiling_kv_cache clears no keys (its profiling pass does, itself)
+    assert kp.cudagraph_mode.__initpipe_stage__.teardown is None
 
 
-def test_mamba_ssu_backend_teardown_restores_the_global(make, model_inputs) -> None:
+def test_mamba_ssu_backend_selects_the_global_and_leaves_it_as_stock(make, model_inputs) -> None:
     from vllm.model_executor.layers.mamba.ops import ssu_dispatch
 
     made = make("tiny-nemotron-h")
     m = model_inputs(made)
     working = _working(made, m)
+    saved = ssu_dispatch._mamba_ssu_backend
     ssu_dispatch._mamba_ssu_backend = None
-    previous = kp.mamba_ssu_backend(made.cfg, working)
-    assert previous[0] is None and ssu_dispatch._mamba_ssu_backend is not None
-    kp.mamba_ssu_backend.__initpipe_stage__.teardown(previous)
-    assert ssu_dispatch._mamba_ssu_backend is None
+    try:
+        selected = kp.mamba_ssu_backend(made.cfg, working)
+        assert selected is not None and ssu_dispatch._mamba_ssu_backend is selected
+        assert kp.mamba_ssu_backend.__initpipe_stage__.teardown is None  # stock keeps it
+    finally:
+        ssu_dispatch._mamba_ssu_backend = saved
 
 
 @pytest.mark.parametrize(
