@@ -13,7 +13,7 @@ from typing import Any
 
 from ._stage import StageSpec
 from ._trace import RawRecord
-from .errors import StageOutputError
+from .errors import StageOutputError, error_text
 
 __all__ = ["Done", "Failed", "Step", "run_steps"]
 
@@ -58,9 +58,11 @@ def _gatherer(keys: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any,
     return lambda values: ()
 
 
-#: A step that ran to completion, as ``(step, output, args)``: what its teardown and a
-#: rollback need (a plain tuple: the hot loop builds one per stage).
-Done = tuple[Step, Any, tuple[Any, ...]]
+#: A step that ran to completion, as ``(step, output)``: what its teardown and a rollback
+#: need (a plain tuple: the hot loop builds one per stage). It holds none of the stage's
+#: inputs: a teardown gets the inputs it names from the run's values, which keep them until
+#: the phase is torn down (see ``Pipeline.kept_inputs``).
+Done = tuple[Step, Any]
 
 
 class Failed(Exception):
@@ -127,13 +129,13 @@ def run_steps(
                 values[key] = out
         except BaseException as err:
             t1 = clock()
-            error = f"{type(err).__name__}: {err}"
+            error = error_text(err)
             append((step.name, step.phase, "stage", t0, t1 - t0, "error", generation, error))
             if notify is not None:
                 notify()
             raise Failed(step, err) from err
         t1 = clock()
-        done_append((step, out, args))
+        done_append((step, out))
         append((step.name, step.phase, "stage", t0, t1 - t0, "ok", generation, None))
         if notify is not None:
             try:

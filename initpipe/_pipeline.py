@@ -39,9 +39,9 @@ def module_inputs(module: types.ModuleType) -> dict[str, Any]:
 class Pipeline:
     """A validated DAG of stages, ordered by networkx, with per-phase external inputs.
 
-    Immutable: the graph is frozen (``nx.freeze``), ``specs``, ``inputs`` and
-    ``producers_by_stage`` are read-only mappings, ``order`` returns a copy; derive variants
-    with :meth:`replace`, :meth:`add` and :meth:`with_extensions`.
+    Immutable: the graph is frozen (``nx.freeze``), ``specs``, ``inputs``, ``kept_inputs``
+    and ``producers_by_stage`` are read-only mappings, ``order`` returns a copy; derive
+    variants with :meth:`replace`, :meth:`add` and :meth:`with_extensions`.
 
     Args:
         stages: ``@stage`` functions (or StageSpecs), in any order.
@@ -94,6 +94,15 @@ class Pipeline:
                 for phase in PHASES
             }
         )
+        # What a run keeps of each phase's inputs once the phase completed: those a later
+        # phase's stages read, and those a teardown of the phase names (it reads them when
+        # the phase is torn down). Decided here, not on every run.
+        needed = {MODEL: {k for step in self._steps[KV] for k in step.args}, KV: set[str]()}
+        for phase in PHASES:
+            needed[phase].update(k for st in self._steps[phase] for k in st.spec.teardown_inputs)
+        self._kept_inputs: Mapping[str, tuple[str, ...]] = MappingProxyType(
+            {phase: tuple(k for k in inputs[phase] if k in needed[phase]) for phase in PHASES}
+        )
 
     # -- read-only state -----------------------------------------------------------------
     @property
@@ -132,6 +141,13 @@ class Pipeline:
     def steps(self) -> Mapping[str, tuple[Step, ...]]:
         """Dispatch-ready steps per phase, in order (what a :class:`Run` executes)."""
         return self._steps
+
+    @property
+    def kept_inputs(self) -> Mapping[str, tuple[str, ...]]:
+        """Per phase (``model``, ``kv_cache_config``), the declared inputs a run keeps once
+        the phase completed, until it is torn down: those a later phase's stages read and
+        those a teardown of the phase names. A run releases the others at once."""
+        return self._kept_inputs
 
     # -- construction --------------------------------------------------------------------
     @classmethod

@@ -3,6 +3,13 @@ re-runnable KV phase; teardowns undo a phase in reverse order.
 
 The phase protocol is explicit data (``Run.state``) and is checked on every call. Public
 methods hold one lock, so concurrent calls are serialized (one waits for the other).
+
+What a run keeps: the start inputs; every stage output until its phase is torn down; and of
+a phase's inputs only those still needed once the phase completed (``Pipeline.kept_inputs``):
+the model-phase inputs that KV stages read, and the inputs a teardown of the phase names
+(the opt-in: name the input as a parameter of the stage's teardown), until the phase is torn
+down. Everything else a phase was given is released when the phase completes or is rolled
+back; completed stages hold only their outputs.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from .errors import (
     PhaseOrderError,
     StageError,
     TeardownError,
+    error_text,
 )
 
 __all__ = ["Listener", "Outputs", "PipelineLike", "Run", "RunState"]
@@ -54,6 +62,8 @@ class PipelineLike(Protocol):
     def producers_by_stage(self) -> Mapping[str, str]: ...
     @property
     def steps(self) -> Mapping[str, tuple[Step, ...]]: ...
+    @property
+    def kept_inputs(self) -> Mapping[str, tuple[str, ...]]: ...
     def stage(self, name: str) -> StageSpec: ...
     def phase_order(self, phase: str) -> list[str]: ...
 
@@ -123,7 +133,6 @@ class Run:
         self.kv_generation = 0
         self._values: dict[str, Any] = dict(start_values)
         self._done: dict[str, list[Done]] = {MODEL: [], KV: []}
-        self._phase_inputs: dict[str, tuple[str, ...]] = {MODEL: (), KV: ()}
         self._listeners = list(listeners)
         self._lock = threading.Lock()
         # Run-local copy of the pipeline's steps: initpipe.testing swaps a step here to
@@ -147,7 +156,7 @@ class Run:
 
     def completed(self, phase: str) -> list[str]:
         """Stage names completed (and not torn down) in ``phase``, in order."""
-        return [step.name for step, _out, _args in self._done[phase]]
+        return [step.name for step, _out in self._done[phase]]
 
     def critical_path(self) -> list[tuple[str, float]]:
         """The longest chain of stages weighted by their latest durations."""
@@ -170,7 +179,9 @@ class Run:
         Raises:
             PhaseOrderError: already loaded, or the run is closed.
             InputsError: missing or unknown inputs.
-            StageError: a stage raised; the phase was rolled back and may be retried.
+            StageError: a stage raised; the phase was rolled back and may be retried. The
+                error is also an instance of the stage's exception type where Python
+                allows (``except ValueError`` catches it; see ``StageError.subclass_for``).
         """
         with self._lock:
             self._check_open("load()")
@@ -202,7 +213,9 @@ class Run:
             InputsError: missing or unknown inputs.
             TeardownError: tearing down the previous KV phase failed (its outputs are gone
                 anyway; the new phase did not start).
-            StageError: a stage raised; the phase was rolled back and may be retried.
+            StageError: a stage raised; the phase was rolled back and may be retried. The
+                error is also an instance of the stage's exception type where Python
+                allows (``except ValueError`` catches it; see ``StageError.subclass_for``).
         """
         with self._lock:
             self._check_open("initialize_kv_cache()")
@@ -283,7 +296,6 @@ class Run:
 
     def _run_phase(self, phase: Phase, values: dict[str, Any], generation: int) -> None:
         self._values.update(values)
-        self._phase_inputs[phase] = tuple(values)
         done = self._done[phase]
         try:
             run_steps(
@@ -295,7 +307,7 @@ class Run:
                 self._listener(),
             )
         except Failed as failed:
-            completed = [step.name for step, _out, _args in done]
+            completed = [step.name for step, _out in done]
             rolled: list[str]
             td_err: TeardownError | None
             try:
@@ -305,28 +317,35 @@ class Run:
             if not isinstance(failed.error, Exception):
                 raise failed.error from None  # KeyboardInterrupt etc.: rolled back, re-raised
             spec = failed.step.spec
-            raise StageError(
+            cls = StageError.subclass_for(type(failed.error))
+            raise cls(
                 spec.name, spec.qualname, phase, completed, rolled, failed.error, td_err
             ) from failed.error
+        # The phase completed: release the inputs that no later phase reads and no
+        # teardown names; the kept ones go when the phase is torn down.
+        kept = self.pipeline.kept_inputs[phase]
+        for k in values:
+            if k not in kept:
+                del self._values[k]
 
     def _teardown_phase(self, phase: str) -> list[str]:
         done = self._done[phase]
+        values = self._values
         failures: list[tuple[str, BaseException]] = []
         ran: list[str] = []
         listener = self._listener()
         while done:
-            step, out, args = done.pop()
+            step, out = done.pop()
             spec = step.spec
             if spec.teardown is not None:
-                named = dict(zip(spec.inputs, args, strict=True))
                 t0 = perf_counter()
                 outcome: Outcome = "ok"
                 err_s: str | None = None
                 try:
-                    spec.teardown(out, *[named[k] for k in spec.teardown_inputs])
+                    spec.teardown(out, *[values[k] for k in spec.teardown_inputs])
                 except Exception as err:  # every teardown runs; one error reports them all
                     failures.append((spec.name, err))
-                    outcome, err_s = "error", f"{type(err).__name__}: {err}"
+                    outcome, err_s = "error", error_text(err)
                 t1 = perf_counter()
                 self.trace.record(
                     spec.name,
@@ -341,11 +360,10 @@ class Run:
                 if listener is not None:
                     listener()
             for k in spec.provides:
-                self._values.pop(k, None)
+                values.pop(k, None)
             ran.append(spec.name)
-        for k in self._phase_inputs[phase]:
-            self._values.pop(k, None)
-        self._phase_inputs[phase] = ()
+        for k in self.pipeline.inputs[phase]:
+            values.pop(k, None)
         if failures:
             raise TeardownError(failures)
         return ran

@@ -21,6 +21,7 @@ working. The facts in a message also ride on attributes that tests and tools can
     ├── UnknownStageNameError (KeyError)       an API call names a stage the pipeline lacks
     ├── StageOutputError (TypeError)           a stage returned the wrong shape of outputs
     ├── StageError (RuntimeError)              a stage raised; names it and what completed
+    │   └── StageError[X] (X)                   the same, also catchable as the cause's type X
     ├── TeardownError (RuntimeError)           one or more teardowns raised; lists them all
     ├── InjectedFault (RuntimeError)           raised by ``initpipe.testing`` fault injection
     ├── UsageError                             bad command-line input (the CLI exits 2)
@@ -34,8 +35,12 @@ too, so ``except initpipe.InitpipeError`` catches everything either package rais
 
 from __future__ import annotations
 
+import builtins
+import sys
+import types
 from collections.abc import Sequence
-from typing import Any
+from types import GetSetDescriptorType, MemberDescriptorType
+from typing import TYPE_CHECKING, Any, ClassVar, Self, cast
 
 __all__ = [
     "CycleError",
@@ -63,6 +68,16 @@ __all__ = [
     "UnknownStageNameError",
     "UsageError",
 ]
+
+
+def error_text(err: BaseException) -> str:
+    """``"Type: message"`` for an error; a placeholder message when its ``__str__`` raises
+    (the failure is still reported, never replaced by the formatting error)."""
+    try:
+        text = str(err)
+    except Exception:
+        text = "<exception str() failed>"
+    return f"{type(err).__name__}: {text}"
 
 
 class InitpipeError(Exception):
@@ -348,12 +363,24 @@ class TeardownError(InitpipeError, RuntimeError):
 
     def __init__(self, failures: Sequence[tuple[str, BaseException]]) -> None:
         self.failures = tuple(failures)
-        lines = "; ".join(f"{s}: {type(e).__name__}: {e}" for s, e in self.failures)
+        lines = "; ".join(f"{s}: {error_text(e)}" for s, e in self.failures)
         super().__init__(f"{len(self.failures)} teardown(s) failed (all teardowns ran): {lines}")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # rebuilt from the failures, not the message
+        return (type(self), (self.failures,), self.__dict__)
 
 
 class StageError(InitpipeError, RuntimeError):
     """A stage raised. The original exception is chained as ``__cause__``.
+
+    A run raises an instance of ``StageError.subclass_for(type(cause))``: a class named
+    ``StageError[ValueError]`` (``StageError[OutOfMemoryError]`` ...) that also
+    derives from the cause's type, so ``except ValueError`` or ``except
+    torch.OutOfMemoryError`` still catches a stage's failure; the cause's public attributes
+    (``errno``, ``filename``, its own fields) are copied onto it. Where Python cannot make
+    such a class the error is a plain StageError. Either way ``str(err)`` is this class's
+    message: the stage, its phase, the completed stages and the rollback, then the cause's
+    type and message. It pickles (the cause itself, as with any exception, does not travel).
 
     Attributes:
         stage: the stage's name.
@@ -363,6 +390,20 @@ class StageError(InitpipeError, RuntimeError):
         rolled_back: stages whose teardown ran during rollback, in order.
         teardown_error: a TeardownError if rollback itself failed, else None.
     """
+
+    #: the type a ``StageError[X]`` class also derives from (None on StageError itself)
+    _cause_type: ClassVar[type[Exception] | None] = None
+    #: C-level fields of that type (``errno``, ``filename`` ...), copied from the cause
+    _fields: ClassVar[tuple[str, ...]] = ()
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        # The nearest C base's __new__: a Python __new__ of the cause's class (or its C
+        # argument parsing, as OSError's) would take the cause's arguments, not ours.
+        base: type = cls
+        while base.__flags__ & _HEAPTYPE:
+            base = base.__base__  # type: ignore[assignment]
+        err: Self = base.__new__(cls)  # type: ignore[call-overload]
+        return err
 
     def __init__(
         self,
@@ -384,13 +425,166 @@ class StageError(InitpipeError, RuntimeError):
         undone = ", ".join(self.rolled_back) or "nothing to undo"
         msg = (
             f"stage {stage!r} ({qualname}) failed in phase {phase!r}: "
-            f"{type(cause).__name__}: {cause}\n"
+            f"{error_text(cause)}\n"
             f"  completed in this phase: {done}\n"
             f"  rolled back: {undone}"
         )
         if teardown_error is not None:
             msg += f"\n  rollback errors: {teardown_error}"
-        super().__init__(msg)
+        # BaseException's own __init__, not the cooperative chain: the cause's class may
+        # take other arguments (its __init__ never runs; its attributes are copied instead).
+        BaseException.__init__(self, msg)
+        cause_type = self._cause_type
+        if cause_type is not None and isinstance(cause, cause_type):
+            self._adopt(cause)
+
+    def _adopt(self, cause: BaseException) -> None:
+        """Copy the cause's attributes that a handler of its type may read."""
+        for name in self._fields:
+            try:
+                setattr(self, name, getattr(cause, name))
+            except (AttributeError, TypeError, ValueError):  # unset or read-only: skip it
+                pass
+        mine = self.__dict__
+        for name, value in vars(cause).items():
+            if not name.startswith("_") and name not in mine:
+                mine[name] = value
+
+    def __str__(self) -> str:  # ours, never the cause type's (KeyError would quote it)
+        return str(self.args[0]) if self.args else ""
+
+    __repr__ = BaseException.__repr__
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        cause_type = self._cause_type
+        if cause_type is not None and not _importable(cause_type):
+            cause_type = None  # e.g. a class local to a function: comes back a plain StageError
+        fields = {}
+        for name in self._fields if cause_type is not None else ():
+            try:
+                fields[name] = getattr(self, name)
+            except AttributeError:
+                pass
+        return (_restore_stage_error, (cause_type, self.args, dict(self.__dict__), fields))
+
+    @staticmethod
+    def subclass_for(cause_type: type[BaseException]) -> type[StageError]:
+        """Return the StageError class that is also a ``cause_type`` (made once, cached).
+
+        Returns:
+            ``StageError[<cause type>]``; or ``StageError`` itself when the cause type is
+            already one of its bases (``RuntimeError``), is not an ``Exception``, or cannot
+            be a base here: a class marked ``@final``, a conflicting instance layout,
+            metaclass or method order, a ``SyntaxError`` or an exception group (tracebacks
+            print those from their own fields, which would hide the stage). Never raises.
+        """
+        try:
+            cls = _SUBCLASSES.get(cause_type)
+            if cls is None:
+                cls = _SUBCLASSES.setdefault(cause_type, _make_subclass(cause_type))
+        except TypeError:  # a metaclass that makes its classes unhashable
+            return StageError
+        return cls
+
+
+# Py_TPFLAGS_HEAPTYPE: set on classes made in Python, clear on C types (ValueError, OSError).
+_HEAPTYPE = 1 << 9
+# cause type -> its StageError class. Kept for the process's life: a cached class keeps its
+# cause type alive, as the exception types a program raises are few.
+_SUBCLASSES: dict[type[BaseException], type[StageError]] = {}
+
+
+def _type_name(t: type) -> str:
+    """``ValueError`` for a builtin, ``module.qualname`` for anything else."""
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _importable(t: type) -> bool:
+    """True when pickle can find ``t`` by its module and qualname."""
+    obj: Any = sys.modules.get(t.__module__)
+    for part in t.__qualname__.split("."):
+        obj = getattr(obj, part, None)
+    return obj is t
+
+
+def _layout_fields(t: type) -> tuple[str, ...]:
+    """The public C-level fields the builtin bases of ``t`` add (OSError: ``errno`` ...)."""
+    names: dict[str, None] = {}
+    for klass in t.__mro__:
+        if klass.__flags__ & _HEAPTYPE or klass in (BaseException, object):
+            continue
+        for name, attr in vars(klass).items():
+            if isinstance(attr, MemberDescriptorType | GetSetDescriptorType):
+                if not name.startswith("_"):
+                    names[name] = None
+    return tuple(names)
+
+
+def _make_subclass(cause_type: type[BaseException]) -> type[StageError]:
+    if not issubclass(cause_type, Exception) or issubclass(StageError, cause_type):
+        return StageError
+    if issubclass(cause_type, StageError):  # a nested run's error: keep what it is
+        return cause_type if "_cause_type" in vars(cause_type) else StageError
+    if getattr(cause_type, "__final__", False) is True or issubclass(
+        cause_type, SyntaxError | BaseExceptionGroup
+    ):
+        return StageError
+    # The cause's bare qualname: a dot-free name pickle can look up on this module (a
+    # module path would need dots, which pickle splits on).
+    name = f"StageError[{cause_type.__qualname__}]"
+    body = {
+        "__module__": __name__,
+        "__qualname__": name,
+        "__doc__": f"A :class:`StageError` that is also a {_type_name(cause_type)}.",
+        "_cause_type": cause_type,
+        "_fields": _layout_fields(cause_type),
+    }
+    try:
+        cls = types.new_class(name, (StageError, cause_type), exec_body=lambda ns: ns.update(body))
+        meta: type = type(cls)
+        call = next(k for k in meta.__mro__ if "__call__" in vars(k))
+        if call is not type:  # a metaclass that builds instances its own way
+            return StageError
+        StageError.__new__(cls)  # the C base accepts the class (else: TypeError, not safe)
+    except Exception:  # whatever Python refuses here, the plain StageError still works
+        return StageError
+    return cast("type[StageError]", cls)
+
+
+def _restore_stage_error(
+    cause_type: type[BaseException] | None,
+    args: tuple[Any, ...],
+    state: dict[str, Any],
+    fields: dict[str, Any],
+) -> StageError:
+    """Unpickle a StageError (see :meth:`StageError.__reduce__`)."""
+    cls = StageError if cause_type is None else StageError.subclass_for(cause_type)
+    err = cls.__new__(cls)
+    BaseException.__init__(err, *args)
+    err.__dict__.update(state)
+    for name, value in fields.items():
+        try:
+            setattr(err, name, value)
+        except (AttributeError, TypeError, ValueError):
+            pass
+    return err
+
+
+if not TYPE_CHECKING:  # hidden from type checkers, which would accept any name otherwise
+
+    def __getattr__(name: str) -> Any:
+        """Find a ``StageError[X]`` class by name, as pickle does for a class: one already
+        made in this process, or the one for a builtin ``X`` (made now)."""
+        for cls in list(_SUBCLASSES.values()):
+            if cls.__qualname__ == name:
+                return cls
+        if name.startswith("StageError[") and name.endswith("]"):
+            builtin = getattr(builtins, name[len("StageError[") : -1], None)
+            if isinstance(builtin, type) and issubclass(builtin, BaseException):
+                cls = StageError.subclass_for(builtin)
+                if cls.__qualname__ == name:
+                    return cls
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class UsageError(InitpipeError):

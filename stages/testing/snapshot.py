@@ -338,7 +338,7 @@ DELIBERATE_DIFFERENCES = {
 
 def _stale(value: Any) -> bool:
     segments = value.get("segments") if isinstance(value, dict) else None
-    return bool(segments) and all(seg[0] == "freed" for seg in segments)
+    return isinstance(segments, list) and bool(segments) and all(s[0] == "freed" for s in segments)
 
 
 def stock_differences(

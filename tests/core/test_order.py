@@ -97,6 +97,8 @@ def test_a_pipeline_cannot_be_changed_after_it_is_built():
         p.specs["extra"] = p.specs["top"]  # type: ignore[index]
     with pytest.raises(TypeError):
         p.inputs["model"]["extra"] = 1  # type: ignore[index]
+    with pytest.raises(TypeError):
+        p.kept_inputs["model"] = ()  # type: ignore[index]
     with pytest.raises(AttributeError):
         p.name = "renamed"  # type: ignore[misc]
     p.order.append("extra")

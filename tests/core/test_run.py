@@ -1,7 +1,10 @@
-"""The two-phase runner: order, re-runs, rollback on failure, misuse, outputs."""
+"""The two-phase runner: order, re-runs, rollback on failure, misuse, outputs, and what a
+run keeps alive (weakrefs)."""
 
+import gc
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -16,7 +19,7 @@ from initpipe import (
     stage,
 )
 from initpipe.errors import StageOutputError, UnknownStageNameError
-from initpipe.testing import clear_faults, inject_fault
+from initpipe.testing import clear_faults, fault, inject_fault
 
 
 class Recorder:
@@ -413,3 +416,121 @@ def test_injected_fault_after_a_stage_also_tears_that_stage_down():
     with pytest.raises(UnknownStageNameError, match="has no stage 'tensrs'") as e:
         inject_fault(run, "tensrs")
     assert "Did you mean 'tensors'" in str(e.value)
+
+
+class Blob:
+    """A phase input whose lifetime the tests watch with a weakref."""
+
+    def __init__(self, name):
+        self.name = name
+
+
+def gone(ref):
+    gc.collect()
+    return ref() is None
+
+
+def retention_pipeline(seen):
+    """``weights`` (model phase) reads ``model``; no KV stage does. In the KV phase ``plan``
+    reads ``scratch``, and ``arena`` reads ``batch``, which its teardown names."""
+
+    @stage(needs="model")
+    def weights(model):
+        return f"weights of {model.name}"
+
+    @stage(needs="kv_cache_config")
+    def plan(weights, kv_cache_config, scratch):
+        return (weights, kv_cache_config, scratch.name)
+
+    def release(out, batch):
+        seen.append(("release", out, batch.name))
+
+    @stage(needs="kv_cache_config", teardown=release)
+    def arena(plan, batch):
+        return f"arena for {batch.name}"
+
+    return Pipeline([weights, plan, arena], kv_inputs=("kv_cache_config", "batch", "scratch"))
+
+
+def test_phase_inputs_nobody_needs_later_are_released_when_the_phase_completes():
+    p = retention_pipeline([])
+    assert p.kept_inputs == {"model": (), "kv_cache_config": ("batch",)}
+    run = p.start()
+    model, scratch = Blob("m"), Blob("s")
+    run.load(model=model)
+    assert run.outputs["weights"] == "weights of m"
+    model_ref, scratch_ref = weakref.ref(model), weakref.ref(scratch)
+    del model
+    assert gone(model_ref), "the model phase's input outlived the phase"
+    run.initialize_kv_cache(1, batch=Blob("b"), scratch=scratch)
+    del scratch
+    assert run.outputs["plan"] == ("weights of m", 1, "s")
+    assert gone(scratch_ref), "a KV input that no teardown names outlived the phase"
+    with pytest.raises(OutputNotAvailableError, match="is an input of the 'kv_cache_config'"):
+        run.outputs["scratch"]
+
+
+def test_an_input_a_teardown_names_is_kept_until_that_teardown_ran():
+    seen = []
+    run = retention_pipeline(seen).start()
+    run.load(model=Blob("m"))
+    first, second = Blob("b1"), Blob("b2")
+    run.initialize_kv_cache(1, batch=first, scratch=Blob("s"))
+    first_ref = weakref.ref(first)
+    del first
+    assert not gone(first_ref), "the input the teardown names was released before it ran"
+    run.initialize_kv_cache(2, batch=second, scratch=Blob("s"))  # tears the first down
+    assert seen == [("release", "arena for b1", "b1")]
+    assert gone(first_ref), "the input outlived the teardown that named it"
+    second_ref = weakref.ref(second)
+    del second
+    run.teardown_kv_cache()
+    assert seen[-1] == ("release", "arena for b2", "b2")
+    assert gone(second_ref)
+
+
+def test_a_model_input_that_a_kv_stage_reads_stays_until_close():
+    seen = []
+
+    def forget(out, model):
+        seen.append(("forget", model.name))
+
+    @stage(needs="model", teardown=forget)
+    def spec(model):
+        return model.name
+
+    @stage(needs="kv_cache_config")
+    def bind(spec, model, kv_cache_config):
+        return (spec, model.name, kv_cache_config)
+
+    p = Pipeline([spec, bind])
+    assert p.kept_inputs == {"model": ("model",), "kv_cache_config": ()}
+    run = p.start()
+    model = Blob("m")
+    model_ref = weakref.ref(model)
+    run.load(model=model)
+    del model
+    run.initialize_kv_cache(1)
+    run.teardown_kv_cache()
+    run.initialize_kv_cache(2)  # the KV phase reads it again after a re-init
+    assert run.outputs["bind"] == ("m", "m", 2)
+    assert not gone(model_ref), "the model was released while KV stages still read it"
+    run.close()
+    assert seen == [("forget", "m")]
+    assert gone(model_ref), "the model outlived close()"
+
+
+def test_the_inputs_of_a_failed_phase_are_released_after_its_rollback():
+    seen = []
+    p = retention_pipeline(seen)
+    run = p.start()
+    run.load(model=Blob("m"))
+    batch, scratch = Blob("b"), Blob("s")
+    refs = [weakref.ref(batch), weakref.ref(scratch)]
+    with fault(run, "arena", after=True), pytest.raises(StageError) as info:
+        run.initialize_kv_cache(1, batch=batch, scratch=scratch)
+    assert info.value.rolled_back == ("arena", "plan")
+    del info, batch, scratch  # the error's traceback holds the stages' frames, as any does
+    assert seen == [("release", "arena for b", "b")]  # the rollback's teardown got it
+    assert all(gone(r) for r in refs), "an input of the failed phase outlived the rollback"
+    assert run.completed("kv_cache_config") == []
