@@ -5,9 +5,11 @@ and nothing that is a stage.
 
 - :mod:`.runner` — ``PipelinedRunnerMixin`` and the one adapter that writes stage outputs
   onto vLLM's ``GPUModelRunner`` / ``CPUModelRunner``;
-- :mod:`.worker` — ``PipelinedWorker`` (CPU and CUDA variants), the class vLLM is given as
-  ``worker_cls``;
-- :mod:`.plugin` — the opt-in ``vllm.general_plugins`` entry point (``INITPIPE_VLLM=1``);
+- :mod:`.worker` — ``PipelinedWorker`` (CPU, CUDA/ROCm and XPU variants), the class vLLM is
+  given as ``worker_cls``, and ``why_not_pipelined``, the one decision of whether it can run
+  a config;
+- :mod:`.plugin` — the opt-in ``vllm.general_plugins`` entry point (``INITPIPE_VLLM=1``),
+  which keeps vLLM's stock worker, with one warning, where the pipelined one cannot run;
 - :mod:`.progress` — per-stage log lines, trace files and failure reports.
 
 Imports point down: this package uses the catalog (``initpipe_vllm`` and its stage

@@ -3,10 +3,15 @@
 What belongs here: only the switch. vLLM calls :func:`register` once per process (engine
 front end, engine core, each worker; ``vllm/plugins/__init__.py``: ``load_general_plugins``)
 before it builds its config. When the user opted in with ``INITPIPE_VLLM=1``, it wraps the
-current platform's ``check_and_update_config`` (``vllm/platforms/cpu.py`` /
-``vllm/platforms/cuda.py``), which is where vLLM turns ``worker_cls="auto"`` into its stock
-worker, so that ``"auto"`` becomes ``initpipe_vllm.worker.PipelinedWorker``. Without the
-opt-in nothing changes; a ``worker_cls`` the user chose explicitly is left alone.
+current platform's ``check_and_update_config`` (``vllm/platforms/cpu.py``, ``cuda.py``,
+``rocm.py``, ``xpu.py``), which is where vLLM turns ``worker_cls="auto"`` into its stock
+worker, so that ``"auto"`` becomes ``initpipe_vllm.worker.PipelinedWorker`` — but only
+where the pipelined worker can run (:func:`initpipe_vllm.hook.worker.why_not_pipelined`).
+Where it cannot (another vLLM version, a platform without a pipelined worker, Model Runner
+V2), the stock worker stays and one warning says why, instead of handing vLLM a worker
+that would refuse to start. Without the opt-in nothing changes; a ``worker_cls`` the user
+chose explicitly is left alone (``PipelinedWorker`` chosen explicitly refuses what it
+cannot run, by name).
 """
 
 from __future__ import annotations
@@ -18,16 +23,12 @@ from typing import Any
 
 from . import PIPELINED_WORKER
 
-__all__ = ["ENV_VAR", "PIPELINED_WORKER", "STOCK_WORKERS", "enabled", "main", "register"]
+__all__ = ["ENV_VAR", "PIPELINED_WORKER", "enabled", "main", "register", "route_worker"]
 
 # Under vLLM's logger tree, so the lines use vLLM's handler, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.initpipe")
 
 ENV_VAR = "INITPIPE_VLLM"
-#: What vLLM 0.32.0's platforms resolve ``worker_cls="auto"`` to.
-STOCK_WORKERS = frozenset(
-    {"vllm.v1.worker.cpu_worker.CPUWorker", "vllm.v1.worker.gpu_worker.Worker"}
-)
 _PATCHED = "_initpipe_patched"
 
 
@@ -38,7 +39,7 @@ def enabled(environ: Any = None) -> bool:
 
 
 def register() -> None:
-    """Entry point: route the stock worker to the pipelined one when opted in."""
+    """Entry point: when opted in, have the platform's config hook call :func:`route_worker`."""
     if not enabled():
         return
     from vllm.platforms import current_platform
@@ -49,28 +50,56 @@ def register() -> None:
     original = platform_cls.check_and_update_config  # a bound classmethod
 
     def check_and_update_config(cls: type, vllm_config: Any) -> None:
-        parallel = vllm_config.parallel_config
-        auto = parallel.worker_cls == "auto"  # read before the platform resolves it
+        # read before the platform resolves it
+        was_auto = vllm_config.parallel_config.worker_cls == "auto"
         original(vllm_config)
-        if auto and parallel.worker_cls in STOCK_WORKERS:
-            parallel.worker_cls = PIPELINED_WORKER
-            logger.info(
-                "initpipe: vLLM workers initialize through the initpipe pipeline "
-                "(%s=1; worker_cls=%s).",
-                ENV_VAR,
-                PIPELINED_WORKER,
-            )
-        elif parallel.worker_cls != PIPELINED_WORKER:
-            logger.warning(
-                "initpipe: %s=1 but worker_cls=%r was chosen explicitly; leaving it.",
-                ENV_VAR,
-                parallel.worker_cls,
-            )
+        route_worker(vllm_config, was_auto=was_auto)
 
     # Patching vLLM's platform class on purpose: vLLM looks this classmethod up on the
     # class each time it builds a config.
     platform_cls.check_and_update_config = classmethod(check_and_update_config)  # type: ignore[method-assign,assignment]
     setattr(platform_cls, _PATCHED, True)
+
+
+def route_worker(vllm_config: Any, *, was_auto: bool) -> None:
+    """Give vLLM the pipelined worker where it can run; else keep the stock one, say why.
+
+    Runs right after the platform's ``check_and_update_config`` resolved ``worker_cls``, so
+    it sees the worker and the config vLLM will use. Logs one line on ``vllm.initpipe``:
+    info when ``"auto"`` became :data:`PIPELINED_WORKER`; a warning naming the reason and
+    the fix when the stock worker is kept; a warning when the user chose another worker.
+    It never raises for a config initpipe does not cover: that is the opt-in's promise.
+
+    Args:
+        vllm_config: the ``VllmConfig`` being built.
+        was_auto: whether ``worker_cls`` was ``"auto"`` before the platform resolved it.
+    """
+    from .worker import why_not_pipelined
+
+    parallel = vllm_config.parallel_config
+    if not was_auto:
+        if parallel.worker_cls != PIPELINED_WORKER:
+            logger.warning(
+                "initpipe: %s=1 but worker_cls=%r was chosen explicitly; leaving it.",
+                ENV_VAR,
+                parallel.worker_cls,
+            )
+        return
+    refusal = why_not_pipelined(vllm_config, parallel.worker_cls)
+    if refusal is not None:
+        logger.warning(
+            "initpipe: %s=1, but vLLM's stock worker %s is kept: %s",
+            ENV_VAR,
+            parallel.worker_cls,
+            refusal.message,
+        )
+        return
+    parallel.worker_cls = PIPELINED_WORKER
+    logger.info(
+        "initpipe: vLLM workers initialize through the initpipe pipeline (%s=1; worker_cls=%s).",
+        ENV_VAR,
+        PIPELINED_WORKER,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

