@@ -97,14 +97,15 @@ def _reinitialize(worker: Any) -> dict[str, Any]:
     out["cleaned_after_profiling"] = runner_snapshot(runner, blocks=False)
     runner.cache_config.num_gpu_blocks = num_blocks
     runner.initialize_kv_cache(cfg)
+    if cfg.needs_kv_cache_zeroing:  # what Worker.initialize_from_config does next
+        runner._init_kv_zero_meta()
     out["reinitialized"] = runner_snapshot(runner)
     return out
 
 
 def _profiling_cleanup(runner: Any) -> None:
     """The end of vLLM's ``profile_cudagraph_memory``: clear the dispatcher keys, then
-    ``_cleanup_profiling_kv_cache()`` (the pipelined runner's KV teardown clears the keys
-    itself; stock vLLM's cleanup alone does not)."""
+    ``_cleanup_profiling_kv_cache()`` (which, stock or pipelined, leaves the keys)."""
     for key_set in runner.cudagraph_dispatcher.cudagraph_keys.values():
         key_set.clear()
     runner.cudagraph_dispatcher.keys_initialized = False
@@ -183,12 +184,19 @@ def compare_model(
     model_dir: str | Path, *, reinit: bool = True, **overrides: Any
 ) -> dict[str, Any]:
     """Run stock then pipelined on ``model_dir``; return ``{"equal", "diffs", ...}``."""
-    from .snapshot import diff_snapshots
+    from .snapshot import stock_differences
 
     stock = run_engine(model_dir, pipelined=False, reinit=reinit, **overrides)
     piped = run_engine(model_dir, pipelined=True, reinit=reinit, **overrides)
     meta = {"stock": stock.pop("meta"), "pipelined": piped.pop("meta")}
-    diffs = diff_snapshots(stock, piped)
+    # Stock's zeroer predates the teardowns at these checkpoints (the deliberate difference)
+    torn = {"cleaned", "profiling", "cleaned_after_profiling"}
+    diffs = []
+    for key in sorted(set(stock) | set(piped)):
+        if key not in stock or key not in piped:
+            diffs.append(f"/{key}: only in {'stock' if key in stock else 'pipelined'}")
+        else:
+            diffs += stock_differences(stock[key], piped[key], f"/{key}", torn_down=key in torn)
     if not meta["pipelined"]["runner_class"].startswith("Pipelined"):
         diffs.append(f"/meta: the pipelined engine ran {meta['pipelined']['runner_class']}")
     return {
