@@ -7,8 +7,11 @@ product path calls.
   ``KVCacheConfig`` the engine would plan for them;
 - :mod:`.snapshot` — ``runner_snapshot``: a runner's initialization state as plain data,
   and ``diff_snapshots``;
-- :mod:`.equivalence` — stock vs pipelined engines on one config: same tokens, same
-  snapshots (``python -m initpipe_vllm.testing.equivalence --model DIR``);
+- :mod:`.equivalence` — stock vs pipelined engines on one config: same tokens, logprobs and
+  snapshots on a KV-sensitive workload (``python -m initpipe_vllm.testing.equivalence
+  --model DIR``);
+- :mod:`.weights` — ``seeded_model``: a tiny model folder with seeded real safetensors
+  weights, so outputs depend on the KV cache;
 - :mod:`.pytest_plugin` — the ``pytest11`` plugin with fixtures for stage-level tests.
 
 Fault injection into a run lives in :mod:`initpipe.testing` (the core's test facility).
@@ -24,6 +27,7 @@ from .builders import (
     plan_kv_cache_config,
     tiny_vllm_config,
 )
+from .weights import seeded_model
 
 __all__ = [
     "MODELS",
@@ -31,5 +35,6 @@ __all__ = [
     "ensure_distributed",
     "model_dir",
     "plan_kv_cache_config",
+    "seeded_model",
     "tiny_vllm_config",
 ]

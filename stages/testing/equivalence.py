@@ -1,36 +1,76 @@
-"""Stock vs pipelined equivalence harness: ``python -m initpipe_vllm.equivalence --model DIR``.
+"""Stock vs pipelined vLLM, compared exactly: ``python -m initpipe_vllm.testing.equivalence``.
 
 What belongs here: starting a real vLLM engine twice on a local model folder — once with
 the stock worker, once with ``initpipe_vllm.worker.PipelinedWorker`` — running the same
-short workload, re-initializing the KV cache the way vLLM's CUDA-graph profiling pass does
-(cleanup, minimal profiling KV cache, cleanup, real KV cache), and comparing tokens (or
-pooled outputs) and :func:`~initpipe_vllm.snapshot.runner_snapshot` exactly at each step.
-Replaces nothing in vLLM; it checks the catalog against ``GPUModelRunner.initialize_kv_cache``
-(``vllm/v1/worker/gpu_model_runner.py``).
+KV-sensitive workload, re-initializing the KV cache the way vLLM's CUDA-graph profiling
+pass does (cleanup, minimal profiling KV cache, cleanup, real KV cache), and comparing
+tokens, logprobs (or pooled outputs) and :func:`~initpipe_vllm.snapshot.runner_snapshot`
+exactly at each step. Replaces nothing in vLLM; it checks the catalog against
+``GPUModelRunner.initialize_kv_cache`` (``vllm/v1/worker/gpu_model_runner.py``).
+
+Weights: each model folder gets seeded real weights
+(:func:`~initpipe_vllm.testing.weights.seeded_model`, in ``--weights-dir`` or a temporary
+folder removed afterwards) and is loaded by vLLM's normal loader. ``--dummy-weights`` keeps
+vLLM's ``load_format="dummy"``, whose ±1e-3 weights make attention uniform: outputs then do
+not depend on the KV cache, and a wrong KV layout goes unnoticed.
+
+Workload (:func:`run_workload`), sized from the running engine's own KV groups: a prompt
+longer than the prefix-cache unit (the lcm of the groups' block sizes), greedy, with
+top-2 logprobs for the prompt and each generated token; then a second request repeating
+its first 1.25 units, which must hit the prefix cache (``num_cached_tokens > 0``)
+where vLLM left prefix caching on. Where vLLM turned it off, the report keeps vLLM's
+setting and the lines vLLM logged about it. Prefill runs in steps of ``PREFILL_STEP``
+tokens, so later steps read the KV that earlier steps wrote.
 
 A model folder may hold ``initpipe.json`` with ``{"llm_kwargs": {...}, "task": "generate" |
 "embed"}`` for model-specific engine arguments; ``{engine_tmp}`` in it becomes a fresh
 temporary folder per engine (e.g. a KV connector's storage).
-Defaults: dummy weights, no tokenizer, eager, float32, 8 MiB of KV cache, CPU target.
+Defaults: no tokenizer, eager, float32, 8 MiB of KV cache, CPU target.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
+import logging
+import math
 import os
+import random
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from initpipe.files import write_file
 
-__all__ = ["compare_model", "engine_kwargs", "main"]
+__all__ = [
+    "MAX_MODEL_LEN",
+    "PREFILL_STEP",
+    "compare_model",
+    "engine_kwargs",
+    "loadable_model",
+    "main",
+    "run_requests",
+    "run_workload",
+    "workload_engine_kwargs",
+    "workload_problems",
+    "workload_requests",
+]
 
-PROMPTS_A = [[1, 5, 9, 30, 7], [3, 4, 11, 2, 90, 17, 5, 6, 8]]
-PROMPTS_B = [[8, 8, 1, 44], [100, 101, 102]]
+#: Room for prompts past the largest prefix-cache unit (256 tokens for Gemma4 here).
+MAX_MODEL_LEN = 512
+#: Chunked-prefill step (``max_num_batched_tokens``) for generating models. Steps that
+#: cross a block boundary read back the KV earlier steps wrote; and vLLM 0.32's CPU Mamba2
+#: kernel returns only final states (it ignores ``return_intermediate_states``), so an
+#: align-mode prefix-caching step spanning two SSD chunks fails (IndexError in
+#: ``MambaMixer2.conv_ssm_forward``): 64 is the tiny Mamba2 config's chunk size.
+PREFILL_STEP = 64
+_MAX_TOKENS = 6
+_TOP_LOGPROBS = 2
+_SALT_A, _SALT_B = 1, 2
 
 
 def engine_kwargs(
@@ -57,6 +97,101 @@ def engine_kwargs(
     kwargs.update(opts.get("llm_kwargs", {}))
     kwargs.update(overrides)
     return kwargs, opts
+
+
+def workload_engine_kwargs(
+    model_dir: str | os.PathLike[str], **overrides: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """:func:`engine_kwargs` plus what :func:`run_workload` needs.
+
+    That is ``max_model_len=MAX_MODEL_LEN`` and, for generating models,
+    ``max_num_batched_tokens=PREFILL_STEP``; ``overrides`` win over both.
+    """
+    kwargs, opts = engine_kwargs(model_dir)
+    kwargs["max_model_len"] = MAX_MODEL_LEN
+    if opts.get("task", "generate") == "generate":
+        kwargs["max_num_batched_tokens"] = PREFILL_STEP
+    kwargs.update(overrides)
+    return kwargs, opts
+
+
+@contextlib.contextmanager
+def loadable_model(
+    model_dir: str | os.PathLike[str],
+    *,
+    weights: str = "seeded",
+    weights_dir: str | os.PathLike[str] | None = None,
+) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """The folder to start an engine on, and the engine arguments its weights need.
+
+    Args:
+        model_dir: A tiny model folder (``config.json``).
+        weights: ``"seeded"`` (real seeded weights, see
+            :func:`~initpipe_vllm.testing.weights.seeded_model`) or ``"dummy"`` (vLLM's
+            ``load_format="dummy"`` on ``model_dir`` itself).
+        weights_dir: Where seeded weights are cached; ``None``: a temporary folder,
+            removed when the context exits.
+
+    Yields:
+        ``(folder, overrides)``: pass ``overrides`` to :func:`workload_engine_kwargs`.
+
+    Raises:
+        ValueError: ``weights`` is neither ``"seeded"`` nor ``"dummy"``.
+    """
+    if weights == "dummy":
+        yield Path(model_dir), {"load_format": "dummy"}
+        return
+    if weights != "seeded":
+        msg = f"weights={weights!r}: expected 'seeded' or 'dummy'"
+        raise ValueError(msg)
+    from .weights import seeded_model
+
+    with contextlib.ExitStack() as stack:
+        cache = weights_dir
+        if cache is None:
+            cache = stack.enter_context(tempfile.TemporaryDirectory(prefix="initpipe_weights_"))
+        yield seeded_model(model_dir, cache), {"load_format": "auto"}
+
+
+@contextlib.contextmanager
+def _vllm_log_lines(needle: str) -> Iterator[list[str]]:
+    """Collect vLLM's log messages containing ``needle`` (any level, DEBUG included).
+
+    vLLM's handlers keep their own level, so nothing extra is printed. vLLM configures its
+    logging when the first engine starts, after the config (where prefix caching is
+    decided) is built, replacing the ``vllm`` logger's handlers; so it is configured here
+    first, with the default settings the engine would apply. Where vLLM's logging is
+    configured otherwise, or not at all, fewer lines may be seen.
+    """
+    from vllm.config.logging import LoggingConfig
+    from vllm.logger import configure_logging_if_needed
+
+    configure_logging_if_needed(LoggingConfig())
+    lines: list[str] = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            text = record.getMessage()
+            if needle in text.lower() and text not in lines:
+                lines.append(text)
+
+    logger = logging.getLogger("vllm")
+    saved_level = logger.level
+    shown = logger.getEffectiveLevel()
+    saved = [(h, h.level) for h in logger.handlers]
+    keep = _Keep(logging.DEBUG)
+    logger.addHandler(keep)
+    if not logger.propagate:
+        for handler, level in saved:
+            handler.setLevel(max(level, shown))
+        logger.setLevel(logging.DEBUG)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(keep)
+        logger.setLevel(saved_level)
+        for handler, level in saved:
+            handler.setLevel(level)
 
 
 # -- functions run inside the worker (collective_rpc passes the worker first) -------------
@@ -138,15 +273,133 @@ def _minimal_profiling_kv_cache(runner: Any) -> None:
     runner.cache_config.num_gpu_blocks = minimal.num_blocks
 
 
-def _workload(llm: Any, task: str, prompts: list[list[int]]) -> list[Any]:
+def _kv_facts(worker: Any) -> dict[str, Any]:
+    """What the workload is sized from: the engine's KV groups and prefix-caching setting."""
+    runner = worker.model_runner
+    cache = runner.cache_config
+    kvc = getattr(runner, "kv_cache_config", None)
+    groups = [] if kvc is None else kvc.kv_cache_groups
+    return {
+        "block_size": cache.block_size,
+        "group_block_sizes": [g.kv_cache_spec.block_size for g in groups],
+        "enable_prefix_caching": bool(cache.enable_prefix_caching),
+        "mamba_cache_mode": getattr(cache, "mamba_cache_mode", None),
+        "kv_sharing_fast_prefill": bool(getattr(cache, "kv_sharing_fast_prefill", False)),
+        "max_model_len": runner.max_model_len,
+        "vocab_size": runner.model_config.get_vocab_size(),
+    }
+
+
+def workload_requests(facts: dict[str, Any], salt: int) -> list[dict[str, Any]]:
+    """The workload's two requests for an engine described by ``facts``.
+
+    ``unit`` is the prefix-cache granularity, the lcm of the KV groups' block sizes.
+    ``long`` has ``1.5 * unit + 3`` tokens and asks for prompt logprobs (so it never
+    reads the prefix cache), unless ``kv_sharing_fast_prefill`` is on (vLLM's runner
+    refuses prompt logprobs then); ``repeated_prefix`` repeats its first ``1.25 * unit``
+    tokens and then differs, so ``unit`` tokens of it are found in the prefix cache.
+
+    Raises:
+        ValueError: the prompts do not fit the engine's ``max_model_len``.
+    """
+    unit = math.lcm(facts["block_size"], *facts["group_block_sizes"])
+    n_long = unit + unit // 2 + 3
+    if n_long + _MAX_TOKENS > facts["max_model_len"]:
+        msg = (
+            f"the workload needs {n_long + _MAX_TOKENS} tokens (prefix-cache unit {unit}) "
+            f"but the engine's max_model_len is {facts['max_model_len']}: pass a larger "
+            "max_model_len"
+        )
+        raise ValueError(msg)
+    rng = random.Random(salt)
+    vocab = facts["vocab_size"]
+    long = [rng.randrange(3, vocab) for _ in range(n_long)]
+    tail = [rng.randrange(3, vocab) for _ in range(unit // 8 + 2)]
+    return [
+        {"name": "long", "prompt": long, "prompt_logprobs": not facts["kv_sharing_fast_prefill"]},
+        {"name": "repeated_prefix", "prompt": long[: unit + unit // 4] + tail},
+    ]
+
+
+def _logprobs(seq: Any) -> Any:
+    """vLLM's per-position ``{token: Logprob}`` dicts as ``[[token, logprob, rank], ...]``."""
+    if seq is None:
+        return None
+    return [
+        None
+        if pos is None
+        else [
+            [tok, lp.logprob, lp.rank]
+            for tok, lp in sorted(pos.items(), key=lambda kv: (kv[1].rank or 0, kv[0]))
+        ]
+        for pos in seq
+    ]
+
+
+def run_requests(llm: Any, task: str, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Run ``requests`` one call each, in order, so a later one can hit an earlier one's
+    prefix-cache blocks; return tokens, logprobs (or embeddings) and ``num_cached_tokens``."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    tps = [TokensPrompt(prompt_token_ids=p) for p in prompts]
-    if task == "embed":
-        return [list(o.outputs.embedding) for o in llm.embed(tps, use_tqdm=False)]
-    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, detokenize=False)
-    return [list(o.outputs[0].token_ids) for o in llm.generate(tps, params, use_tqdm=False)]
+    outs = []
+    for req in requests:
+        prompt = TokensPrompt(prompt_token_ids=req["prompt"])
+        rec: dict[str, Any] = {"name": req["name"], "prompt_tokens": len(req["prompt"])}
+        if task == "embed":
+            (out,) = llm.embed([prompt], use_tqdm=False)
+            rec["embedding"] = list(out.outputs.embedding)
+        else:
+            params = SamplingParams(
+                max_tokens=_MAX_TOKENS,
+                temperature=0.0,
+                ignore_eos=True,
+                detokenize=False,
+                logprobs=_TOP_LOGPROBS,
+                prompt_logprobs=_TOP_LOGPROBS if req.get("prompt_logprobs") else None,
+            )
+            (out,) = llm.generate([prompt], params, use_tqdm=False)
+            rec["token_ids"] = list(out.outputs[0].token_ids)
+            rec["logprobs"] = _logprobs(out.outputs[0].logprobs)
+            rec["prompt_logprobs"] = _logprobs(out.prompt_logprobs)
+        rec["num_cached_tokens"] = out.num_cached_tokens
+        outs.append(rec)
+    return outs
+
+
+def run_workload(llm: Any, task: str, *, salt: int) -> dict[str, Any]:
+    """Size the workload from the running engine, run it, return facts and outputs."""
+    facts = llm.collective_rpc(_kv_facts)[0]
+    return {"facts": facts, "outputs": run_requests(llm, task, workload_requests(facts, salt))}
+
+
+def _numbers(value: Any) -> Iterator[float]:
+    if isinstance(value, float):
+        yield value
+    elif isinstance(value, list):
+        for v in value:
+            yield from _numbers(v)
+
+
+def workload_problems(result: dict[str, Any]) -> list[str]:
+    """What makes a :func:`run_workload` result unable to see the KV cache, as lines."""
+    facts, outs = result["facts"], result["outputs"]
+    block = max([facts["block_size"], *facts["group_block_sizes"]])
+    problems = [
+        f"{o['name']}: {o['prompt_tokens']} prompt tokens do not exceed one KV block ({block})"
+        for o in outs
+        if o["prompt_tokens"] <= block
+    ]
+    for o in outs:
+        values = [o.get(k) for k in ("embedding", "logprobs", "prompt_logprobs")]
+        if not all(math.isfinite(x) for x in _numbers(values)):
+            problems.append(f"{o['name']}: non-finite logprobs or embedding")
+    hit = outs[-1]["num_cached_tokens"]
+    if facts["enable_prefix_caching"] and not hit:
+        problems.append("prefix caching is on but the repeated prefix hit no cached tokens")
+    if not facts["enable_prefix_caching"] and hit:
+        problems.append(f"prefix caching is off but {hit} tokens came from the cache")
+    return problems
 
 
 def run_engine(
@@ -155,23 +408,25 @@ def run_engine(
     """Start one engine, run the workload and return outputs plus snapshots."""
     from vllm import LLM
 
-    kwargs, opts = engine_kwargs(model_dir, **overrides)
+    kwargs, opts = workload_engine_kwargs(model_dir, **overrides)
     if pipelined:
         from ..hook import PIPELINED_WORKER
 
         kwargs["worker_cls"] = PIPELINED_WORKER
     task = opts.get("task", "generate")
-    llm = LLM(**kwargs)
+    with _vllm_log_lines("prefix caching") as log:
+        llm = LLM(**kwargs)
     try:
         result: dict[str, Any] = {"init": llm.collective_rpc(_snapshot)[0]}
-        result["outputs_a"] = _workload(llm, task, PROMPTS_A)
+        result["outputs_a"] = run_workload(llm, task, salt=_SALT_A)
         result["after_a"] = llm.collective_rpc(_snapshot)[0]
         if reinit:
             result.update(llm.collective_rpc(_reinitialize)[0])
             llm.reset_prefix_cache()
-            result["outputs_b"] = _workload(llm, task, PROMPTS_B)
+            result["outputs_b"] = run_workload(llm, task, salt=_SALT_B)
             result["after_b"] = llm.collective_rpc(_snapshot)[0]
-        return {"meta": llm.collective_rpc(_runner_meta)[0], **result}
+        meta = {**llm.collective_rpc(_runner_meta)[0], "prefix_caching_log": log}
+        return {"meta": meta, **result}
     finally:
         core = getattr(llm.llm_engine, "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
@@ -181,13 +436,34 @@ def run_engine(
 
 
 def compare_model(
-    model_dir: str | Path, *, reinit: bool = True, **overrides: Any
+    model_dir: str | Path,
+    *,
+    reinit: bool = True,
+    weights: str = "seeded",
+    weights_dir: str | os.PathLike[str] | None = None,
+    **overrides: Any,
 ) -> dict[str, Any]:
-    """Run stock then pipelined on ``model_dir``; return ``{"equal", "diffs", ...}``."""
+    """Run stock then pipelined on ``model_dir``; return ``{"equal", "diffs", ...}``.
+
+    Args:
+        model_dir: A tiny model folder.
+        reinit: Also re-initialize the KV cache and run a second workload.
+        weights: ``"seeded"`` or ``"dummy"`` (see :func:`loadable_model`).
+        weights_dir: Cache folder for seeded weights (``None``: a temporary one).
+        **overrides: Engine arguments for both engines.
+
+    Returns:
+        ``equal`` (no difference between stock and pipelined), ``diffs``, ``problems``
+        (why the workload could not see the KV cache; see :func:`workload_problems`),
+        ``prefix_caching`` (vLLM's setting, the repeated prefix's cached tokens, what vLLM
+        logged about it), ``meta``, and both engines' full results.
+    """
     from .snapshot import stock_differences
 
-    stock = run_engine(model_dir, pipelined=False, reinit=reinit, **overrides)
-    piped = run_engine(model_dir, pipelined=True, reinit=reinit, **overrides)
+    with loadable_model(model_dir, weights=weights, weights_dir=weights_dir) as (folder, extra):
+        extra.update(overrides)
+        stock = run_engine(folder, pipelined=False, reinit=reinit, **extra)
+        piped = run_engine(folder, pipelined=True, reinit=reinit, **extra)
     meta = {"stock": stock.pop("meta"), "pipelined": piped.pop("meta")}
     # Stock's zeroer predates the teardowns at these checkpoints (the deliberate difference)
     torn = {"cleaned", "profiling", "cleaned_after_profiling"}
@@ -199,10 +475,20 @@ def compare_model(
             diffs += stock_differences(stock[key], piped[key], f"/{key}", torn_down=key in torn)
     if not meta["pipelined"]["runner_class"].startswith("Pipelined"):
         diffs.append(f"/meta: the pipelined engine ran {meta['pipelined']['runner_class']}")
+    workloads = [stock[k] for k in ("outputs_a", "outputs_b") if k in stock]
+    problems = [f"{p} (stock)" for w in workloads for p in workload_problems(w)]
+    log = meta["stock"]["prefix_caching_log"] + meta["pipelined"]["prefix_caching_log"]
     return {
         "model": str(model_dir),
+        "weights": weights,
         "equal": not diffs,
         "diffs": diffs,
+        "problems": problems,
+        "prefix_caching": {
+            "enabled": stock["outputs_a"]["facts"]["enable_prefix_caching"],
+            "num_cached_tokens": [w["outputs"][-1]["num_cached_tokens"] for w in workloads],
+            "vllm_log": list(dict.fromkeys(log)),
+        },
         "outputs": stock.get("outputs_a"),
         "meta": meta,
         "stock": stock,
@@ -213,7 +499,7 @@ def compare_model(
 def main(argv: list[str] | None = None) -> int:
     """Compare stock and pipelined vLLM on each ``--model``; exit 1 on any difference."""
     parser = argparse.ArgumentParser(
-        prog="python -m initpipe_vllm.equivalence", description=__doc__.splitlines()[0]
+        prog="python -m initpipe_vllm.testing.equivalence", description=__doc__.splitlines()[0]
     )
     parser.add_argument(
         "--model",
@@ -230,35 +516,65 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run the engine core and worker in separate processes",
     )
+    parser.add_argument(
+        "--weights-dir",
+        metavar="DIR",
+        help="cache folder for the seeded weights (default: a temporary folder, removed "
+        "afterwards)",
+    )
+    parser.add_argument(
+        "--dummy-weights",
+        action="store_true",
+        help="use vLLM's dummy weights (outputs then do not depend on the KV cache)",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if args.multiprocess else "0"
     if args.multiprocess:
         # collective_rpc ships the snapshot functions to the worker process by pickle.
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    weights = "dummy" if args.dummy_weights else "seeded"
     reports = []
-    for model in args.model:
-        try:
-            rep = compare_model(model, reinit=not args.no_reinit)
-        except Exception as err:  # report and go on with the next model
-            rep = {
-                "model": model,
-                "equal": False,
-                "error": f"{type(err).__name__}: {err}",
-                "diffs": [],
-            }
-        reports.append(rep)
-        status = (
-            "EQUAL"
-            if rep["equal"]
-            else ("ERROR " + rep["error"] if "error" in rep else f"DIFFERENT ({len(rep['diffs'])})")
-        )
-        print(f"{model}: {status}", flush=True)
-        for line in rep["diffs"][:20]:
-            print(f"  {line}", flush=True)
+    with contextlib.ExitStack() as stack:
+        weights_dir = args.weights_dir
+        if weights_dir is None and weights == "seeded":  # one folder for all --model
+            weights_dir = stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="initpipe_weights_")
+            )
+        for model in args.model:
+            try:
+                rep = compare_model(
+                    model, reinit=not args.no_reinit, weights=weights, weights_dir=weights_dir
+                )
+            except Exception as err:  # report and go on with the next model
+                rep = {
+                    "model": model,
+                    "equal": False,
+                    "error": f"{type(err).__name__}: {err}",
+                    "diffs": [],
+                    "problems": [],
+                }
+            reports.append(rep)
+            print(f"{model}: {_status(rep)}", flush=True)
+            for line in (rep["diffs"] + rep["problems"])[:20]:
+                print(f"  {line}", flush=True)
     if args.json:
         write_file(args.json, json.dumps(reports, default=repr, indent=1))
-    return 0 if all(r["equal"] for r in reports) else 1
+    return 0 if all(r["equal"] and not r["problems"] for r in reports) else 1
+
+
+def _status(rep: dict[str, Any]) -> str:
+    if "error" in rep:
+        return "ERROR " + rep["error"]
+    if not rep["equal"]:
+        return f"DIFFERENT ({len(rep['diffs'])})"
+    pc = rep["prefix_caching"]
+    cache = (
+        f"prefix cache hit {pc['num_cached_tokens']} tokens"
+        if pc["enabled"]
+        else "prefix caching off in vLLM: " + ("; ".join(pc["vllm_log"]) or "no reason logged")
+    )
+    return ("EQUAL" if not rep["problems"] else "EQUAL, WORKLOAD PROBLEMS") + f" ({cache})"
 
 
 if __name__ == "__main__":

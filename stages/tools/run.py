@@ -3,10 +3,14 @@
 What belongs here: the main job only. It starts vLLM in-process on a local model folder
 (default: the tiny Llama shipped in ``initpipe_vllm/models/tiny-llama``: config.json only,
 dummy weights, 8 MiB of KV cache) with ``initpipe_vllm.worker.PipelinedWorker``, prints
-each stage as it runs, generates tokens for a few fixed token-id prompts, and prints a
-summary: stage timings, the critical path and the KV bytes per layer. ``--compare-stock``
-also runs stock vLLM on the same config and exits 1 unless the tokens and the runner
-snapshot (:func:`~initpipe_vllm.snapshot.runner_snapshot`) match, printing what differs.
+each stage as it runs, runs the equivalence harness's workload
+(:func:`~initpipe_vllm.testing.equivalence.run_workload`: two token-id prompts longer
+than a KV block, the second repeating the first's prefix), and prints a summary: stage
+timings, the critical path and the KV bytes per layer. ``--compare-stock`` loads seeded
+real weights instead (:func:`~initpipe_vllm.testing.weights.seeded_model`), so the outputs
+depend on the KV cache, also runs stock vLLM on the same config, and exits 1 unless the
+tokens, logprobs and runner snapshot (:func:`~initpipe_vllm.snapshot.runner_snapshot`)
+match and the workload saw the KV cache, printing what differs.
 Replaces nothing in vLLM.
 """
 
@@ -90,13 +94,13 @@ def _print_summary(summary: dict[str, Any]) -> None:
     _say(f"  total (distinct)  {counted:,} B")
 
 
-def _start(model: Path, pipelined: bool, kv_bytes: int) -> Any:
+def _start(model: Path, pipelined: bool, kv_bytes: int, extra: dict[str, Any]) -> Any:
     from vllm import LLM
 
     from ..hook import PIPELINED_WORKER
-    from ..testing.equivalence import engine_kwargs
+    from ..testing.equivalence import workload_engine_kwargs
 
-    kwargs, opts = engine_kwargs(model, kv_cache_memory_bytes=kv_bytes)
+    kwargs, opts = workload_engine_kwargs(model, kv_cache_memory_bytes=kv_bytes, **extra)
     if pipelined:
         kwargs["worker_cls"] = PIPELINED_WORKER
     return LLM(**kwargs), opts.get("task", "generate")
@@ -109,11 +113,23 @@ def _stop(llm: Any) -> None:
 
 
 def _observe(llm: Any, task: str) -> dict[str, Any]:
-    from ..testing.equivalence import PROMPTS_A, _snapshot, _workload
+    from ..testing.equivalence import _snapshot, run_workload
 
     init = llm.collective_rpc(_snapshot)[0]
-    outputs = _workload(llm, task, PROMPTS_A)
+    outputs = run_workload(llm, task, salt=1)
     return {"init": init, "outputs": outputs, "after": llm.collective_rpc(_snapshot)[0]}
+
+
+def _print_outputs(task: str, workload: dict[str, Any]) -> None:
+    outs = workload["outputs"]
+    _say(f"\n{task} outputs for {len(outs)} fixed prompts:")
+    for i, out in enumerate(outs):
+        if task == "generate":
+            shown = f"{out['token_ids']}"
+        else:
+            shown = f"[{len(out['embedding'])} floats] {out['embedding'][:4]} ..."
+        cached = out["num_cached_tokens"]
+        _say(f"  prompt {i}: {shown}  ({out['prompt_tokens']} tokens, {cached} from the cache)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -124,7 +140,7 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_MODEL,
         metavar="DIR",
         help="a local model folder with config.json (default: the embedded tiny "
-        "Llama); dummy weights are used",
+        "Llama); dummy weights, or seeded ones with --compare-stock",
     )
     p.add_argument(
         "--trace",
@@ -135,7 +151,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--compare-stock",
         action="store_true",
-        help="also run stock vLLM; exit 1 unless tokens and runner state match",
+        help="use seeded real weights, also run stock vLLM; exit 1 unless tokens, "
+        "logprobs and runner state match",
+    )
+    p.add_argument(
+        "--weights-dir",
+        type=Path,
+        metavar="DIR",
+        help="with --compare-stock: cache folder for the seeded weights (default: a "
+        "temporary folder, removed afterwards)",
     )
     p.add_argument(
         "--kv-bytes",
@@ -168,15 +192,31 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if args.trace is not None:
         os.environ["INITPIPE_TRACE"] = str(args.trace)
+    from ..testing.equivalence import loadable_model
+    from ..testing.weights import WeightsError
+
+    weights = "seeded" if args.compare_stock else "dummy"
+    try:
+        with loadable_model(args.model, weights=weights, weights_dir=args.weights_dir) as found:
+            return _run(args, *found)
+    except WeightsError as err:  # an architecture transformers cannot build
+        print(f"Error: --compare-stock: {err}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace, model: Path, extra: dict[str, Any]) -> int:
     from initpipe import StageError
 
     from ..hook import progress
-    from ..testing.snapshot import diff_snapshots
+    from ..testing.equivalence import workload_problems
+    from ..testing.snapshot import stock_differences
 
     _say(f"initpipe run: {args.model} through initpipe_vllm.worker.PipelinedWorker")
+    if model != args.model:
+        _say(f"seeded weights: {model}")
     progress.add_listener(_print_event)
     try:
-        llm, task = _start(args.model, pipelined=True, kv_bytes=args.kv_bytes)
+        llm, task = _start(model, pipelined=True, kv_bytes=args.kv_bytes, extra=extra)
     except StageError as err:
         _say(f"\nFAILED: {err}")
         return 1
@@ -189,10 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         _stop(llm)
         del llm
         gc.collect()
-    _say(f"\n{task} outputs for {len(piped['outputs'])} fixed prompts:")
-    for i, out in enumerate(piped["outputs"]):
-        shown = out if task == "generate" else f"[{len(out)} floats] {out[:4]} ..."
-        _say(f"  prompt {i}: {shown}")
+    _print_outputs(task, piped["outputs"])
     _print_summary(summary)
     paths = progress.trace_paths() if args.trace is not None else None
     if paths is not None:
@@ -201,20 +238,31 @@ def main(argv: list[str] | None = None) -> int:
     if not args.compare_stock:
         return 0
     _say("\n--compare-stock: starting stock vLLM on the same config ...")
-    stock_llm, _ = _start(args.model, pipelined=False, kv_bytes=args.kv_bytes)
+    stock_llm, _ = _start(model, pipelined=False, kv_bytes=args.kv_bytes, extra=extra)
     try:
         stock = _observe(stock_llm, task)
     finally:
         _stop(stock_llm)
-    diffs = diff_snapshots(stock, piped)
+    diffs = stock_differences(stock, piped)
+    problems = workload_problems(stock["outputs"])
+    facts = stock["outputs"]["facts"]
+    hit = stock["outputs"]["outputs"][-1]["num_cached_tokens"]
+    _say(
+        f"prefix caching: {hit} tokens of the repeated prefix from the cache"
+        if facts["enable_prefix_caching"]
+        else "prefix caching: turned off by vLLM for this model"
+    )
     if diffs:
         _say(f"DIFFERENT from stock vLLM ({len(diffs)} differences):")
         for line in diffs[:40]:
             _say(f"  {line}")
+    for line in problems:
+        _say(f"WORKLOAD PROBLEM (the outputs cannot show the KV cache): {line}")
+    if diffs or problems:
         return 1
     _say(
-        "SAME as stock vLLM: tokens, runner snapshot at init and after the workload "
-        f"({len(json.dumps(stock['init']))} bytes of state compared)"
+        "SAME as stock vLLM: tokens, logprobs, runner snapshot at init and after the "
+        f"workload ({len(json.dumps(stock['init']))} bytes of state compared)"
     )
     return 0
 

@@ -76,3 +76,11 @@ def model_inputs() -> Callable[[Made], dict[str, Any]]:
             return dict(run.load(model=made.runner.model))
 
     return _run
+
+
+@pytest.fixture(scope="session")
+def seeded_weights_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One folder per session for the tiny models' seeded weights: the equivalence harness
+    and the KV-sensitivity probe build each model's weights there on first use
+    (``--weights-dir``) and reuse them."""
+    return tmp_path_factory.mktemp("seeded_weights")

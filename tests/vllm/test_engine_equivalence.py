@@ -3,14 +3,18 @@
 Each group of architectures runs in ONE subprocess (``python -m
 initpipe_vllm.testing.equivalence``): an in-process engine mutates its process (thread binding,
 torch monkeypatches), so it never runs inside pytest. For every model the harness starts
-a stock and a pipelined engine, generates (or embeds) from token-id prompts, snapshots the
-runner, re-initializes the KV cache as vLLM's profiling pass does, runs a second workload,
-and compares outputs and snapshots at every step.
+a stock and a pipelined engine on seeded real weights (built once per session in
+``seeded_weights_dir``), generates (or embeds) from token-id prompts longer than a KV block,
+repeats a prefix that must hit the prefix cache, snapshots the runner, re-initializes the
+KV cache as vLLM's profiling pass does, runs a second workload, and compares tokens,
+logprobs and snapshots exactly at every step. ``test_kv_sensitivity.py`` shows that this
+workload sees a corrupted KV block.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -32,24 +36,31 @@ GROUPS = {
     # MLA, Mamba2 hybrid, short-conv hybrid, attention sinks + MoE + sliding window.
     "hybrid": ["tiny-deepseek-mla", "tiny-nemotron-h", "tiny-lfm2", "tiny-gpt-oss"],
 }
+# Where vLLM itself turns prefix caching off, and the words it logs for why.
+PREFIX_CACHING_OFF = {
+    "tiny-bert": "Pooling models with bidirectional attn do not support prefix caching.",
+    "tiny-deepseek-mla": "MLA is enabled on a non-GPU platform; forcing chunked prefill and "
+    "prefix caching to be disabled.",
+}
 
 
-def _harness(tmp: Path, models: list[str], *extra: str) -> list[dict]:
+def _harness(tmp: Path, weights: Path, models: list[str], *extra: str) -> list[dict]:
     out = tmp / "report.json"
-    cmd = [sys.executable, "-m", "initpipe_vllm.testing.equivalence", "--json", str(out), *extra]
+    cmd = [sys.executable, "-m", "initpipe_vllm.testing.equivalence", "--json", str(out)]
+    cmd += ["--weights-dir", str(weights), *extra]
     for m in models:
         cmd += ["--model", str(model_dir(m))]
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory) -> dict[str, dict]:
+def reports(tmp_path_factory, seeded_weights_dir) -> dict[str, dict]:
     found = {}
     for group, models in GROUPS.items():
-        for rep in _harness(tmp_path_factory.mktemp(group), models):
+        for rep in _harness(tmp_path_factory.mktemp(group), seeded_weights_dir, models):
             found[Path(rep["model"]).name] = rep
     return found
 
@@ -58,6 +69,8 @@ def _check(rep: dict) -> dict:
     assert "error" not in rep, rep.get("error")
     assert rep["diffs"] == []
     assert rep["equal"]
+    assert rep["weights"] == "seeded"
+    assert rep["problems"] == []  # prompts past a block, finite outputs, prefix-cache hits
     assert rep["meta"]["pipelined"]["runner_class"] == "PipelinedCPUModelRunner"
     assert rep["meta"]["stock"]["runner_class"] == "CPUModelRunner"
     # init (1) + cleanup/profiling (2) + real (3): the pipelined KV phase ran three times.
@@ -80,6 +93,37 @@ def test_stock_and_pipelined_engines_are_identical(reports, model) -> None:
         )  # the minimal profiling cache
     else:  # encoder-only: no KV cache groups from the engine
         assert snap["runner_kv_caches"] == []
+
+
+@pytest.mark.parametrize("model", [m for ms in GROUPS.values() for m in ms])
+def test_the_workload_spans_blocks_and_hits_the_prefix_cache(reports, model) -> None:
+    rep = reports[model]
+    for key in ("outputs_a", "outputs_b"):
+        for engine in ("stock", "pipelined"):
+            facts = rep[engine][key]["facts"]
+            block = max([facts["block_size"], *facts["group_block_sizes"]])
+            long, repeated = rep[engine][key]["outputs"]
+            assert long["prompt_tokens"] > block and repeated["prompt_tokens"] > block
+            if model != "tiny-bert":  # greedy tokens and logprobs, compared exactly
+                assert len(repeated["logprobs"]) == len(repeated["token_ids"]) > 0
+                if facts["kv_sharing_fast_prefill"]:  # vLLM refuses prompt logprobs then
+                    assert model == "tiny-gemma4-fastprefill"
+                    assert long["prompt_logprobs"] is None
+                else:
+                    assert len(long["prompt_logprobs"]) == long["prompt_tokens"]
+            if model in PREFIX_CACHING_OFF:
+                assert facts["enable_prefix_caching"] is False
+                assert repeated["num_cached_tokens"] == 0
+            else:
+                assert facts["enable_prefix_caching"] is True
+                unit = math.lcm(facts["block_size"], *facts["group_block_sizes"])
+                assert repeated["num_cached_tokens"] == unit > 0
+    pc = rep["prefix_caching"]
+    if model in PREFIX_CACHING_OFF:  # vLLM turned it off, and said why
+        assert pc["enabled"] is False
+        assert PREFIX_CACHING_OFF[model] in pc["vllm_log"]
+    else:
+        assert pc["enabled"] is True and all(n > 0 for n in pc["num_cached_tokens"])
 
 
 def test_the_architectures_cover_what_they_claim(reports) -> None:
@@ -111,8 +155,10 @@ def test_the_architectures_cover_what_they_claim(reports) -> None:
         assert snap(hybrid)["init_slot_mapping_modes"][0] == "SlotMappingMode.NONE"
 
 
-def test_pipelined_worker_in_multiprocess_mode(tmp_path) -> None:
-    (rep,) = _harness(tmp_path, ["tiny-llama"], "--multiprocess", "--no-reinit")
+def test_pipelined_worker_in_multiprocess_mode(tmp_path, seeded_weights_dir) -> None:
+    (rep,) = _harness(tmp_path, seeded_weights_dir, ["tiny-llama"], "--multiprocess", "--no-reinit")
     assert "error" not in rep, rep.get("error")
-    assert rep["diffs"] == [] and rep["equal"]
+    assert rep["diffs"] == [] and rep["equal"] and rep["problems"] == []
+    facts = rep["stock"]["outputs_a"]["facts"]
+    assert rep["prefix_caching"]["num_cached_tokens"] == [facts["block_size"]]
     assert rep["meta"]["pipelined"]["runner_class"] == "PipelinedCPUModelRunner"
