@@ -115,11 +115,8 @@ def apply_kv_outputs(runner: Any, model: Mapping[str, Any], kv: Mapping[str, Any
     runner._init_slot_mapping_modes = list(geometry.slot_mapping_modes)
     runner.cp_kv_cache_interleave_size = geometry.cp_kv_cache_interleave_size
     runner.kv_caches[:] = kv["runner_kv_caches"]
-    zeroer = kv["kv_block_zeroer"]
-    if zeroer is not None:
-        runner._kv_block_zeroer = zeroer
-    elif hasattr(runner, "_kv_block_zeroer"):
-        del runner._kv_block_zeroer  # not needed by this config (stock builds none)
+    if kv["kv_block_zeroer"] is not None:  # stock has no attribute when none is needed
+        runner._kv_block_zeroer = kv["kv_block_zeroer"]
 
 
 def clear_kv_state(runner: Any) -> None:
