@@ -49,9 +49,14 @@ _AFTER: weakref.WeakKeyDictionary[Run, list[Callable[[TraceEvent], None]]] = (
 
 
 def inject_fault(
-    run: Run, stage: str, error: BaseException | None = None, *, after: bool = False
+    run: Run,
+    stage: str,
+    error: BaseException | None = None,
+    *,
+    after: bool = False,
+    times: int | None = None,
 ) -> None:
-    """Make ``stage`` fail in ``run`` on each of its next runs, until :func:`clear_faults`.
+    """Make ``stage`` fail in ``run`` on its next runs, until :func:`clear_faults`.
 
     Args:
         run: the run to affect (other runs of the same pipeline are untouched).
@@ -59,27 +64,48 @@ def inject_fault(
         error: the exception to raise (default: :class:`~initpipe.errors.InjectedFault`).
         after: fail right after the stage completed (its output is rolled back) instead of
             before it runs.
+        times: fail only on the next ``times`` runs of the stage, then run it normally
+            (e.g. ``times=1``: a resize fails once and its rollback succeeds); ``None``:
+            every run.
 
     Raises:
         UnknownStageNameError: no such stage (with close names).
+        ValueError: ``times`` is below 1.
     """
     spec = run.pipeline.stage(stage)
+    if times is not None and times < 1:
+        msg = f"inject_fault(times={times}): pass a count of at least 1, or None for always"
+        raise ValueError(msg)
     err = error if error is not None else InjectedFault(f"injected fault in {stage!r}")
+    left = [times]
+
+    def fire() -> bool:
+        if left[0] is None:
+            return True
+        if left[0] == 0:
+            return False
+        left[0] -= 1
+        return True
+
     if after:
 
         def fail_after(event: TraceEvent) -> None:
-            if event.name == stage and event.kind == "stage" and event.outcome == "ok":
+            if event.name == stage and event.kind == "stage" and event.outcome == "ok" and fire():
                 raise err
 
         run.add_listener(fail_after)
         _AFTER.setdefault(run, []).append(fail_after)
         return
 
+    phase = spec.needs
+    original = next(step for step in run._steps[phase] if step.name == stage)
+
     def fail_before(*args: Any) -> Any:
-        raise err
+        if fire():
+            raise err
+        return original.call(*args)
 
     # The run keeps its own copy of the pipeline's steps: swap this stage's call there.
-    phase = spec.needs
     run._steps[phase] = tuple(
         step.with_call(fail_before) if step.name == stage else step for step in run._steps[phase]
     )

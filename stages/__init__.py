@@ -18,12 +18,15 @@ catalog itself — stages and the values they pass — and nothing else:
 - :mod:`.types` — the plain records stages read instead of runner attributes;
 - :mod:`.errors` — the catalog's error tree (rooted in ``initpipe.InitpipeError``).
 
-Around it, one folder per concern, imports pointing down (catalog <- hook <- testing <-
-tools):
+Around it, one folder per concern, imports pointing down (catalog <- hook <- resize <-
+testing <- tools):
 
 - ``hook/`` — the vLLM integration: pipelined runner and worker, plugin, progress;
 - ``testing/`` — the test kit: pytest plugin, ``runner_snapshot``, the stock-vs-pipelined
   equivalence harness, runner builders;
+- ``resize/`` — live resize of a running engine's KV cache (the public
+  ``resize_kv_cache``, ``release_kv_cache``, ``resume_kv_cache``, ``kv_cache_info``,
+  re-exported here lazily);
 - ``tools/`` — ``initpipe run`` and ``initpipe plan``;
 - ``models/`` — the embedded tiny model configs.
 
@@ -46,7 +49,10 @@ from .errors import (
     CatalogError,
     InitpipeVllmError,
     KVCacheConfigError,
+    KVCacheReleasedError,
     ModelPhaseError,
+    ResizeError,
+    ResizeRefusedError,
     UnsupportedRunnerError,
 )
 from .kv_phase import (
@@ -173,10 +179,29 @@ def catalog(extensions: list[str] | str | None = None) -> Pipeline:
     return _EXTENDED[key]
 
 
+#: The live-resize API, re-exported lazily from ``resize/`` (a higher layer).
+RESIZE_API = (
+    "KVCacheInfo",
+    "ResizeReport",
+    "kv_cache_info",
+    "kv_cache_info_async",
+    "release_kv_cache",
+    "release_kv_cache_async",
+    "resize_kv_cache",
+    "resize_kv_cache_async",
+    "resume_kv_cache",
+    "resume_kv_cache_async",
+)
+
+
 def __getattr__(name: str) -> Any:
     # `initpipe graph initpipe_vllm:pipeline` draws what workers would run (extensions too).
     if name == "pipeline":
         return catalog()
+    if name in RESIZE_API:
+        from . import resize
+
+        return getattr(resize, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -186,9 +211,22 @@ __all__ = [
     "CatalogError",
     "InitpipeVllmError",
     "KVCacheConfigError",
+    "KVCacheInfo",
+    "KVCacheReleasedError",
     "ModelPhaseError",
+    "ResizeError",
+    "ResizeRefusedError",
+    "ResizeReport",
     "UnsupportedRunnerError",
     "base_catalog",
+    "kv_cache_info",
+    "kv_cache_info_async",
+    "release_kv_cache",
+    "release_kv_cache_async",
+    "resize_kv_cache",
+    "resize_kv_cache_async",
+    "resume_kv_cache",
+    "resume_kv_cache_async",
     "catalog",
     *(s.__name__ for s in STAGES),
 ]

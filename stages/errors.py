@@ -8,9 +8,15 @@
         │   ├── KVCacheConfigError              a KVCacheConfig that does not fit the model
         │   └── ModelPhaseError                 model-phase facts that do not hold (e.g. a
         │                                       sharing target that is not attention)
-        └── UnsupportedRunnerError (NotImplementedError)
-                                                a vLLM version, runner or worker variant
-                                                the catalog does not cover
+        ├── UnsupportedRunnerError (NotImplementedError)
+        │                                       a vLLM version, runner or worker variant
+        │                                       the catalog does not cover
+        ├── ResizeError (RuntimeError)          a KV cache resize/release/resume failed;
+        │   │                                   ``.rolled_back`` says whether the engine
+        │   │                                   is back at its previous size
+        │   └── ResizeRefusedError (ValueError) refused before anything changed (bad
+        │                                       size, config it cannot follow, requests)
+        └── KVCacheReleasedError (RuntimeError) a request while the KV cache is released
 
 They subclass the builtin they mean so callers that catch ``ValueError`` or
 ``NotImplementedError`` keep working, and ``initpipe.InitpipeError`` catches both packages'
@@ -25,7 +31,10 @@ __all__ = [
     "CatalogError",
     "InitpipeVllmError",
     "KVCacheConfigError",
+    "KVCacheReleasedError",
     "ModelPhaseError",
+    "ResizeError",
+    "ResizeRefusedError",
     "UnsupportedRunnerError",
 ]
 
@@ -62,3 +71,57 @@ class ModelPhaseError(CatalogError):
 
 class UnsupportedRunnerError(InitpipeVllmError, NotImplementedError):
     """The runner or worker variant is not covered by the catalog (says which)."""
+
+
+class ResizeError(InitpipeVllmError, RuntimeError):
+    """A KV cache resize, release or resume did not complete.
+
+    Attributes:
+        step: where it failed: ``planning``, ``requests``, ``memory``, ``teardown``,
+            ``kv_phase``, ``warmup``, ``scheduler``, ``rollback``.
+        stage: the catalog stage that raised (``allocated_kv_caches`` ...), if one did.
+        rank: the worker rank that failed, if a worker did.
+        reason: the cause, in words.
+        rolled_back: True when the engine is back at its previous size and serving;
+            False when nothing had changed (a refusal) or when the rollback itself failed
+            (then ``step == "rollback"`` and the engine refuses requests: restart it).
+    """
+
+    def __init__(
+        self,
+        msg: str,
+        *,
+        step: str,
+        reason: str = "",
+        stage: str | None = None,
+        rank: int | None = None,
+        rolled_back: bool = False,
+    ) -> None:
+        super().__init__(msg)
+        self.step = step
+        self.stage = stage
+        self.rank = rank
+        self.reason = reason or msg
+        self.rolled_back = rolled_back
+
+    def __reduce__(self) -> tuple[object, ...]:
+        kwargs = {
+            "step": self.step,
+            "reason": self.reason,
+            "stage": self.stage,
+            "rank": self.rank,
+            "rolled_back": self.rolled_back,
+        }
+        return (_rebuild, (type(self), str(self), kwargs))
+
+
+class ResizeRefusedError(ResizeError, ValueError):
+    """Refused before anything changed: the engine serves on at its current size."""
+
+
+class KVCacheReleasedError(InitpipeVllmError, RuntimeError):
+    """A request reached an engine whose KV cache is released; ``resume_kv_cache`` first."""
+
+
+def _rebuild(cls: type[ResizeError], msg: str, kwargs: dict[str, object]) -> ResizeError:
+    return cls(msg, **kwargs)  # type: ignore[arg-type]

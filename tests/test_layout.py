@@ -7,8 +7,12 @@ Layers, lowest first:
 - ``initpipe``: core (``initpipe``, ``initpipe._*``, ``errors``, ``files``, ``testing``)
   <- ``initpipe.view`` <- ``initpipe.cli``;
 - ``initpipe_vllm``: the catalog (the package, its stage modules, ``types``, ``errors``)
-  <- ``hook`` (with the ``worker``/``runner`` re-exports) <- ``testing`` (with the
-  ``pytest_plugin`` re-export) <- ``tools``;
+  <- ``hook`` (with the ``worker``/``runner`` re-exports) <- ``resize`` <- ``testing``
+  (with the ``pytest_plugin`` re-export) <- ``tools``;
+- one exception, declared in :data:`FACADES`: the package ``initpipe_vllm`` re-exports the
+  public resize API from ``resize`` lazily (PEP 562 ``__getattr__``). Imports inside a
+  facade's module-level ``__getattr__`` run only when the name is looked up, never at
+  import time, so they are left out of the graph; the test checks the names resolve;
 - ``initpipe`` never imports ``initpipe_vllm`` (the CLI names it only as strings).
 """
 
@@ -44,12 +48,33 @@ def _is_package(mod: str) -> bool:
     return MODULES[mod].name == "__init__.py"
 
 
+#: Packages whose module-level ``__getattr__`` lazily re-exports names from higher layers,
+#: and the attribute listing those names.
+FACADES = {"initpipe_vllm": "RESIZE_API"}
+
+
+def _lazy_nodes(mod: str, tree: ast.Module) -> set[int]:
+    """ids of the nodes inside a facade's module-level ``__getattr__``."""
+    if mod not in FACADES:
+        return set()
+    return {
+        id(node)
+        for fn in tree.body
+        if isinstance(fn, ast.FunctionDef) and fn.name == "__getattr__"
+        for node in ast.walk(fn)
+    }
+
+
 def _imports(mod: str) -> set[str]:
-    """Internal modules that ``mod`` imports, anywhere in its source."""
+    """Internal modules that ``mod`` imports, anywhere in its source (except a facade's
+    lazy re-exports)."""
     tree = ast.parse(MODULES[mod].read_text())
     base = mod if _is_package(mod) else mod.rpartition(".")[0]
+    lazy = _lazy_nodes(mod, tree)
     out: set[str] = set()
     for node in ast.walk(tree):
+        if id(node) in lazy:
+            continue
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -87,8 +112,9 @@ def _layer(mod: str) -> tuple[int, int]:
     """(package, layer): a module may import only its own package's layers at or below."""
     if mod.startswith("initpipe_vllm"):
         rules = [
-            (r"initpipe_vllm\.tools\b", 3),
-            (r"initpipe_vllm\.(testing|pytest_plugin)\b", 2),
+            (r"initpipe_vllm\.tools\b", 4),
+            (r"initpipe_vllm\.(testing|pytest_plugin)\b", 3),
+            (r"initpipe_vllm\.resize\b", 2),
             (r"initpipe_vllm\.(hook|worker|runner)\b", 1),
             (r"initpipe_vllm\b", 0),
         ]
@@ -119,6 +145,18 @@ def test_imports_point_down(mod: str) -> None:
         dep for dep in _imports(mod) if _layer(dep)[0] == package and _layer(dep)[1] > layer
     )
     assert up == [], f"{mod} imports a higher layer: {up}"
+
+
+@pytest.mark.parametrize("facade", sorted(FACADES))
+def test_a_facades_lazy_names_resolve(facade: str) -> None:
+    import importlib
+
+    module = importlib.import_module(facade)
+    names = getattr(module, FACADES[facade])
+    assert names, f"{facade}.{FACADES[facade]} is empty"
+    for name in names:
+        assert getattr(module, name) is not None
+        assert name in module.__all__
 
 
 def test_initpipe_never_imports_initpipe_vllm() -> None:

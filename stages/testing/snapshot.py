@@ -22,7 +22,14 @@ import dataclasses
 import enum
 from typing import Any
 
-__all__ = ["DELIBERATE_DIFFERENCES", "diff_snapshots", "runner_snapshot", "stock_differences"]
+__all__ = [
+    "DELIBERATE_DIFFERENCES",
+    "SCHEDULER_HISTORY",
+    "diff_snapshots",
+    "runner_snapshot",
+    "scheduler_snapshot",
+    "stock_differences",
+]
 
 _SCALARS = (bool, int, float, str, type(None))
 
@@ -310,6 +317,72 @@ def runner_snapshot(runner: Any, *, blocks: bool = True) -> dict[str, Any]:
         snap["nonzero_blocks"] = [_nonzero_blocks(t) for t in kv_list]
         snap["kv_digest"] = [_digest(t) for t in kv_list]
     return snap
+
+
+#: Scheduler attributes that count what an engine has done so far (steps), not how it is
+#: configured: left out of :func:`scheduler_snapshot`, two engines with different pasts
+#: differ there by design.
+SCHEDULER_HISTORY = frozenset({"current_step", "sched_step_seq", "processed_step_seq"})
+
+
+def scheduler_snapshot(core: Any) -> dict[str, Any]:
+    """An engine core's scheduler-side KV state as plain data: the block pool (blocks, free
+    blocks in queue order, cached blocks), the KV cache config and groups, each group
+    manager, every scalar setting on the scheduler (those derived from the KV config
+    included; :data:`SCHEDULER_HISTORY` excluded) and the engine's capacity figures.
+    Replaces nothing in vLLM; reads ``vllm/v1/core/sched/scheduler.py`` and
+    ``vllm/v1/core/block_pool.py`` state."""
+    sched = core.scheduler
+    mgr = sched.kv_cache_manager
+    pool = mgr.block_pool
+    cfg = sched.kv_cache_config
+    cache = core.vllm_config.cache_config
+    scalars = {}
+    for name, value in sorted(vars(sched).items()):
+        rendered = _scalar(value)
+        if rendered is not ... and name not in SCHEDULER_HISTORY:
+            scalars[name] = rendered
+    return {
+        "pool": {
+            "num_gpu_blocks": pool.num_gpu_blocks,
+            "free_blocks": pool.get_num_free_blocks(),
+            "free_queue": [b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
+            "cached_blocks": sorted(
+                b.block_id for b in pool.blocks if b.block_hash is not None and not b.is_null
+            ),
+            "enable_caching": pool.enable_caching,
+            "hash_block_size": pool.hash_block_size,
+        },
+        "kv_cache_config": {
+            "num_blocks": cfg.num_blocks,
+            "groups": [
+                {"layer_names": list(g.layer_names), "spec": _spec(g.kv_cache_spec)}
+                for g in cfg.kv_cache_groups
+            ],
+            "tensors": [{"size": t.size, "layers": list(t.layers)} for t in cfg.kv_cache_tensors],
+            "hash_block_size": cfg.hash_block_size,
+            "cache_hit_alignment_tokens": cfg.cache_hit_alignment_tokens,
+        },
+        "managers": [
+            {"class": type(m).__name__, "block_size": m.block_size, "spec": _spec(m.kv_cache_spec)}
+            for m in mgr.coordinator.single_type_managers
+        ],
+        "scalars": scalars,
+        "cache_config": {
+            k: _scalar(getattr(cache, k, None))
+            for k in (
+                "num_gpu_blocks",
+                "num_gpu_blocks_override",
+                "block_size",
+                "hash_block_size",
+                "cache_hit_alignment_tokens",
+                "kv_cache_size_tokens",
+                "kv_cache_max_concurrency",
+                "effective_attention_block_size",
+                "enable_prefix_caching",
+            )
+        },
+    }
 
 
 def _flat(views: list[Any]) -> list[Any]:

@@ -10,7 +10,11 @@ timings, the critical path and the KV bytes per layer. ``--compare-stock`` loads
 real weights instead (:func:`~initpipe_vllm.testing.weights.seeded_model`), so the outputs
 depend on the KV cache, also runs stock vLLM on the same config, and exits 1 unless the
 tokens, logprobs and runner snapshot (:func:`~initpipe_vllm.snapshot.runner_snapshot`)
-match and the workload saw the KV cache, printing what differs.
+match and the workload saw the KV cache, printing what differs. ``--resize 32,128,64``
+(seeded weights too) resizes the running engine's KV cache to each block count in turn
+after the first generation (:func:`initpipe_vllm.resize_kv_cache`), prints each report and
+generates again, then starts a fresh stock engine of each size and exits 1 unless the
+tokens and logprobs are the same.
 Replaces nothing in vLLM.
 """
 
@@ -94,13 +98,17 @@ def _print_summary(summary: dict[str, Any]) -> None:
     _say(f"  total (distinct)  {counted:,} B")
 
 
-def _start(model: Path, pipelined: bool, kv_bytes: int, extra: dict[str, Any]) -> Any:
+def _start(
+    model: Path, pipelined: bool, kv_bytes: int, extra: dict[str, Any], **overrides: Any
+) -> Any:
     from vllm import LLM
 
     from ..hook import PIPELINED_WORKER
     from ..testing.equivalence import workload_engine_kwargs
 
-    kwargs, opts = workload_engine_kwargs(model, kv_cache_memory_bytes=kv_bytes, **extra)
+    kwargs, opts = workload_engine_kwargs(
+        model, kv_cache_memory_bytes=kv_bytes, **extra, **overrides
+    )
     if pipelined:
         kwargs["worker_cls"] = PIPELINED_WORKER
     return LLM(**kwargs), opts.get("task", "generate")
@@ -130,6 +138,17 @@ def _print_outputs(task: str, workload: dict[str, Any]) -> None:
             shown = f"[{len(out['embedding'])} floats] {out['embedding'][:4]} ..."
         cached = out["num_cached_tokens"]
         _say(f"  prompt {i}: {shown}  ({out['prompt_tokens']} tokens, {cached} from the cache)")
+
+
+def _block_counts(text: str) -> list[int]:
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        counts = []
+    if not counts or any(n <= 0 for n in counts):
+        msg = f"{text!r}: expected positive block counts separated by commas, e.g. 32,128,64"
+        raise argparse.ArgumentTypeError(msg)
+    return counts
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -169,6 +188,14 @@ def _parser() -> argparse.ArgumentParser:
         help="KV cache size in bytes (default: 8 MiB)",
     )
     p.add_argument(
+        "--resize",
+        type=_block_counts,
+        metavar="N,N,...",
+        help="after the first generation, resize the KV cache to each block count in turn, "
+        "generate again each time, and check the tokens against a fresh engine of that "
+        "size (seeded weights)",
+    )
+    p.add_argument(
         "-v",
         "--verbose",
         action="store_true",
@@ -195,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..testing.equivalence import loadable_model
     from ..testing.weights import WeightsError
 
-    weights = "seeded" if args.compare_stock else "dummy"
+    weights = "seeded" if args.compare_stock or args.resize else "dummy"
     try:
         with loadable_model(args.model, weights=weights, weights_dir=args.weights_dir) as found:
             return _run(args, *found)
@@ -222,9 +249,12 @@ def _run(args: argparse.Namespace, model: Path, extra: dict[str, Any]) -> int:
         return 1
     finally:
         progress.remove_listener(_print_event)
+    resized: list[tuple[int, Any]] = []
     try:
         piped = _observe(llm, task)
         summary = llm.collective_rpc(_summary)[0]
+        if args.resize:
+            resized = _resize_steps(llm, task, args.resize)
     finally:
         _stop(llm)
         del llm
@@ -235,8 +265,11 @@ def _run(args: argparse.Namespace, model: Path, extra: dict[str, Any]) -> int:
     if paths is not None:
         chrome = f" (and {paths[1]})" if paths[1] is not None else ""
         _say(f"\ntrace: {args.trace}{chrome}")
+    status = 0
+    if resized:
+        status = _check_resized(model, args.kv_bytes, extra, task, resized)
     if not args.compare_stock:
-        return 0
+        return status
     _say("\n--compare-stock: starting stock vLLM on the same config ...")
     stock_llm, _ = _start(model, pipelined=False, kv_bytes=args.kv_bytes, extra=extra)
     try:
@@ -264,7 +297,50 @@ def _run(args: argparse.Namespace, model: Path, extra: dict[str, Any]) -> int:
         "SAME as stock vLLM: tokens, logprobs, runner snapshot at init and after the "
         f"workload ({len(json.dumps(stock['init']))} bytes of state compared)"
     )
-    return 0
+    return status
+
+
+def _resize_steps(llm: Any, task: str, counts: list[int]) -> list[tuple[int, Any]]:
+    """Resize to each count in turn; print each report; generate again each time."""
+    from ..resize import kv_cache_info, resize_kv_cache
+    from ..testing.equivalence import run_workload
+
+    out = []
+    for n in counts:
+        _say(f"\n--resize: {kv_cache_info(llm).num_blocks} -> {n} blocks")
+        report = resize_kv_cache(llm, num_blocks=n)
+        _say(str(report))
+        workload = run_workload(llm, task, salt=2)
+        _print_outputs(task, workload)
+        out.append((n, workload["outputs"]))
+    return out
+
+
+def _check_resized(
+    model: Path, kv_bytes: int, extra: dict[str, Any], task: str, resized: list[tuple[int, Any]]
+) -> int:
+    """Start a fresh stock engine of each size; 1 unless the outputs are the same."""
+    from ..testing.equivalence import run_workload
+    from ..testing.snapshot import diff_snapshots
+
+    status = 0
+    for n, outputs in resized:
+        stock, _ = _start(model, False, kv_bytes, extra, num_gpu_blocks_override=n)
+        try:
+            fresh = run_workload(stock, task, salt=2)["outputs"]
+        finally:
+            _stop(stock)
+            del stock
+            gc.collect()
+        diffs = diff_snapshots(fresh, outputs)
+        if diffs:
+            status = 1
+            _say(f"--resize {n}: DIFFERENT from a fresh stock engine of {n} blocks:")
+            for line in diffs[:20]:
+                _say(f"  {line}")
+        else:
+            _say(f"--resize {n}: SAME tokens and logprobs as a fresh stock engine of {n} blocks")
+    return status
 
 
 if __name__ == "__main__":

@@ -65,6 +65,23 @@ def test_the_default_fault_is_an_injected_fault_error() -> None:
     clear_faults(run)
 
 
+@pytest.mark.parametrize("after", [False, True])
+def test_a_counted_fault_fires_that_many_times_then_the_stage_runs(after: bool) -> None:
+    run = _loaded(Recorder())
+    inject_fault(run, "tensors", after=after, times=2)
+    for size in (1, 2):
+        with pytest.raises(StageError, match="stage 'tensors'"):
+            run.initialize_kv_cache(size)
+    run.initialize_kv_cache(3)  # the third run is not touched
+    assert run.outputs["bind"] == ("bind", 3, False)
+    clear_faults(run)
+
+
+def test_a_fault_count_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="times=0"):
+        inject_fault(_loaded(Recorder()), "tensors", times=0)
+
+
 def test_fault_spec_from_the_environment() -> None:
     assert parse_fault_spec("a, b:after ,c:before,") == [("a", False), ("b", True), ("c", False)]
     with pytest.raises(ValueError, match=r"'b:later' has mode 'later'; use 'stage'"):

@@ -1,0 +1,40 @@
+"""Live resize of a running vLLM engine's KV cache: resize, release, resume, inspect.
+
+What belongs here: everything a resize does above the runner — the public API
+(:mod:`.api`, re-exported at ``initpipe_vllm``'s top level), the engine-core side that
+plans the new cache with vLLM's functions and rebuilds the scheduler's KV cache manager
+(:mod:`.engine`, the one module that patches vLLM's ``EngineCore``), the worker side run on
+every rank through ``collective_rpc`` (:mod:`.rank`), and the records they return
+(:mod:`.report`). The KV phase itself is the catalog's: torn down and re-run by the
+pipelined runner.
+
+Importing this package imports neither torch nor vllm.
+"""
+
+from __future__ import annotations
+
+from .api import (
+    kv_cache_info,
+    kv_cache_info_async,
+    release_kv_cache,
+    release_kv_cache_async,
+    resize_kv_cache,
+    resize_kv_cache_async,
+    resume_kv_cache,
+    resume_kv_cache_async,
+)
+from .report import KVCacheInfo, RankReport, ResizeReport
+
+__all__ = [
+    "KVCacheInfo",
+    "RankReport",
+    "ResizeReport",
+    "kv_cache_info",
+    "kv_cache_info_async",
+    "release_kv_cache",
+    "release_kv_cache_async",
+    "resize_kv_cache",
+    "resize_kv_cache_async",
+    "resume_kv_cache",
+    "resume_kv_cache_async",
+]

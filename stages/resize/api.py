@@ -1,0 +1,332 @@
+"""The public resize API: ``resize_kv_cache``, ``release_kv_cache``, ``resume_kv_cache``,
+``kv_cache_info`` (re-exported at ``initpipe_vllm``'s top level).
+
+What belongs here: the frontend's part — finding the engine core behind an ``LLM`` /
+``LLMEngine``, checking the arguments, aborting requests through the engine's own
+``abort_request`` (in-process), calling the engine core (:mod:`.engine`), turning its plain
+answer back into a :class:`~.report.ResizeReport` or a typed error, and refusing new
+requests while the KV cache is released (a synchronous ``generate`` must fail, not hang).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import KVCacheReleasedError, ResizeRefusedError
+from .engine import INFO_METHOD, PLUGIN_NAME, RESIZE_METHOD, error_from_dict, install
+from .report import KVCacheInfo, ResizeReport
+
+__all__ = [
+    "kv_cache_info",
+    "kv_cache_info_async",
+    "release_kv_cache",
+    "release_kv_cache_async",
+    "resize_kv_cache",
+    "resize_kv_cache_async",
+    "resume_kv_cache",
+    "resume_kv_cache_async",
+]
+
+MODES = ("wait", "abort")
+
+
+def _check_size(num_blocks: Any, kv_cache_memory_bytes: Any, *, required: bool) -> None:
+    given = [
+        n
+        for n, v in (("num_blocks", num_blocks), ("kv_cache_memory_bytes", kv_cache_memory_bytes))
+        if v is not None
+    ]
+    if len(given) > 1:
+        raise ResizeRefusedError(
+            "pass exactly one of num_blocks= and kv_cache_memory_bytes=, not both",
+            step="arguments",
+        )
+    if required and not given:
+        raise ResizeRefusedError(
+            "pass the new size: num_blocks= (KV blocks) or kv_cache_memory_bytes= (per rank)",
+            step="arguments",
+        )
+    for name in given:
+        value = num_blocks if name == "num_blocks" else kv_cache_memory_bytes
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ResizeRefusedError(f"{name}={value!r}: expected a positive int", step="arguments")
+
+
+def _check_mode(mode: Any) -> None:
+    if mode not in MODES:
+        raise ResizeRefusedError(
+            f"mode={mode!r}: expected 'wait' (let requests finish) or 'abort'",
+            step="arguments",
+        )
+
+
+def _engine(llm: Any) -> Any:
+    """The ``LLMEngine`` (or engine-like object with ``engine_core``) behind ``llm``."""
+    engine = getattr(llm, "llm_engine", llm)
+    if not hasattr(engine, "engine_core"):
+        raise ResizeRefusedError(
+            f"{type(llm).__name__} is not a vLLM LLM, LLMEngine or AsyncLLM", step="arguments"
+        )
+    return engine
+
+
+def _inproc_core(engine: Any) -> Any | None:
+    """The ``EngineCore`` object when it runs in this process, else None."""
+    client = engine.engine_core
+    if type(client).__name__ == "InprocClient":
+        return client.engine_core
+    return None
+
+
+def _client(engine: Any, *, is_async: bool) -> Any:
+    client = engine.engine_core
+    if type(client).__name__ in ("DPLBAsyncMPClient", "DPAsyncMPClient"):
+        raise ResizeRefusedError(
+            "data parallelism (several engine cores) is not supported: resize each engine",
+            step="engine",
+        )
+    method = "call_utility_async" if is_async else "call_utility"
+    if not hasattr(client, method):
+        other = "the sync API" if is_async else "the *_async API (await it)"
+        raise ResizeRefusedError(
+            f"{type(engine).__name__}'s engine client {type(client).__name__} has no "
+            f"{method}: use {other}",
+            step="engine",
+        )
+    return client
+
+
+def _plugin_missing(err: BaseException) -> ResizeRefusedError | None:
+    if RESIZE_METHOD not in str(err) and INFO_METHOD not in str(err):
+        return None
+    import os
+
+    return ResizeRefusedError(
+        f"the engine core process has no {RESIZE_METHOD}: initpipe's vllm.general_plugins "
+        f"entry point {PLUGIN_NAME!r} did not run there (VLLM_PLUGINS="
+        f"{os.environ.get('VLLM_PLUGINS', '<unset>')!r}); add {PLUGIN_NAME} to VLLM_PLUGINS "
+        f"or unset it, and restart the engine ({err})",
+        step="engine",
+    )
+
+
+def _guard(engine: Any) -> None:
+    """Refuse ``add_request`` while released (before the frontend registers the request, so
+    nothing is left waiting for an output that cannot come)."""
+    if getattr(engine, "_initpipe_guarded", False):
+        return
+    import inspect
+
+    original = engine.add_request
+
+    def refuse() -> None:
+        if getattr(engine, "_initpipe_released", False):
+            raise KVCacheReleasedError(
+                "the engine's KV cache is released (initpipe_vllm.release_kv_cache): call "
+                "initpipe_vllm.resume_kv_cache(llm) before generating"
+            )
+
+    if inspect.iscoroutinefunction(original):
+
+        async def add_request_async(*args: Any, **kwargs: Any) -> Any:
+            refuse()
+            return await original(*args, **kwargs)
+
+        engine.add_request = add_request_async
+    else:
+
+        def add_request(*args: Any, **kwargs: Any) -> Any:
+            refuse()
+            return original(*args, **kwargs)
+
+        engine.add_request = add_request
+    engine._initpipe_guarded = True
+
+
+def _refresh_metrics_info(engine: Any) -> None:
+    """vLLM sets the Prometheus info gauge ``vllm:cache_config_info`` once, at start:
+    replace its label set with the new figures (engine 0: data parallelism is refused)."""
+    try:
+        from prometheus_client import REGISTRY
+    except ImportError:
+        return
+    gauge: Any = REGISTRY._names_to_collectors.get("vllm:cache_config_info")
+    if gauge is None:
+        return
+    info = engine.vllm_config.cache_config.metrics_info()
+    info["engine"] = "0"
+    gauge.clear()
+    gauge.labels(**info).set(1)
+
+
+def _finish(engine: Any, answer: dict[str, Any]) -> ResizeReport:
+    """Apply an engine core's answer in the frontend: the figures its config copy learned
+    at the handshake, the metrics, the released-state guard; return the report or raise."""
+    cache = engine.vllm_config.cache_config
+    for key, value in answer["cache_config"].items():
+        setattr(cache, key, value)
+    engine._initpipe_released = answer["state"] == "released"
+    _refresh_metrics_info(engine)
+    if not answer["ok"]:
+        raise error_from_dict(answer["error"])
+    return ResizeReport.from_dict(answer["report"])
+
+
+def _call(
+    llm: Any,
+    action: str,
+    *,
+    num_blocks: int | None = None,
+    kv_cache_memory_bytes: int | None = None,
+    mode: str = "wait",
+) -> ResizeReport:
+    engine = _engine(llm)
+    args = (action, num_blocks, kv_cache_memory_bytes, mode)
+    core = _inproc_core(engine)
+    if core is None:  # the engine core runs in its own process: it pauses and aborts
+        client = _client(engine, is_async=False)
+        _guard(engine)
+        try:
+            answer = client.call_utility(RESIZE_METHOD, *args, [])
+        except Exception as err:
+            raise (_plugin_missing(err) or err) from err
+        return _finish(engine, answer)
+    install()
+    _guard(engine)
+    aborted: list[str] = []
+    if mode == "abort" and action != "resume":
+        aborted = sorted(engine.output_processor.request_states)
+        if aborted:
+            engine.abort_request(aborted, internal=True)
+    return _finish(engine, getattr(core, RESIZE_METHOD)(*args, aborted))
+
+
+async def _call_async(
+    llm: Any,
+    action: str,
+    *,
+    num_blocks: int | None = None,
+    kv_cache_memory_bytes: int | None = None,
+    mode: str = "wait",
+) -> ResizeReport:
+    engine = _engine(llm)
+    client = _client(engine, is_async=True)
+    _guard(engine)
+    try:
+        answer = await client.call_utility_async(
+            RESIZE_METHOD, action, num_blocks, kv_cache_memory_bytes, mode, []
+        )
+    except Exception as err:
+        raise (_plugin_missing(err) or err) from err
+    return _finish(engine, answer)
+
+
+def resize_kv_cache(
+    llm: Any,
+    *,
+    num_blocks: int | None = None,
+    kv_cache_memory_bytes: int | None = None,
+    mode: str = "wait",
+) -> ResizeReport:
+    """Resize a running engine's KV cache to ``num_blocks`` blocks or
+    ``kv_cache_memory_bytes`` bytes per rank (exactly one).
+
+    Afterwards the engine is what a fresh engine started with ``num_gpu_blocks_override``
+    (or ``kv_cache_memory_bytes``) of that size would be: the prefix cache is empty, the
+    scheduler's block pool and every capacity figure follow the new size.
+
+    Args:
+        llm: a vLLM ``LLM`` or ``LLMEngine`` using initpipe's pipelined worker.
+        num_blocks: the new number of KV blocks (as ``num_gpu_blocks_override``).
+        kv_cache_memory_bytes: the new KV size per rank, planned by vLLM like at start.
+        mode: ``"wait"``: requests in flight finish first (vLLM's ``pause_scheduler``) while
+            new ones queue; queued requests run afterwards on the new cache. In-process
+            (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) a synchronous ``LLM`` cannot drain while
+            this runs, so a request holding KV blocks makes it refuse. ``"abort"``: every
+            request in flight is aborted first (the report's ``requests_aborted``).
+
+    Raises:
+        ResizeRefusedError: bad arguments, a config resize cannot follow, a size that cannot
+            serve ``max_model_len``, not enough memory, requests holding KV blocks in
+            ``wait`` mode: nothing changed.
+        ResizeError: a step failed; ``.rolled_back`` is True when the engine is back at its
+            previous size and serving, ``.stage`` names the catalog stage that raised.
+    """
+    _check_size(num_blocks, kv_cache_memory_bytes, required=True)
+    _check_mode(mode)
+    return _call(
+        llm, "resize", num_blocks=num_blocks, kv_cache_memory_bytes=kv_cache_memory_bytes, mode=mode
+    )
+
+
+def release_kv_cache(llm: Any, *, mode: str = "wait") -> ResizeReport:
+    """Free all KV memory; the engine stays up. New requests are refused with
+    :class:`~initpipe_vllm.errors.KVCacheReleasedError` until :func:`resume_kv_cache`."""
+    _check_mode(mode)
+    return _call(llm, "release", mode=mode)
+
+
+def resume_kv_cache(
+    llm: Any, *, num_blocks: int | None = None, kv_cache_memory_bytes: int | None = None
+) -> ResizeReport:
+    """Allocate the KV cache again: the size before the release, or the one given."""
+    _check_size(num_blocks, kv_cache_memory_bytes, required=False)
+    return _call(llm, "resume", num_blocks=num_blocks, kv_cache_memory_bytes=kv_cache_memory_bytes)
+
+
+def kv_cache_info(llm: Any) -> KVCacheInfo:
+    """The engine's KV cache now: state, blocks, free blocks, bytes per rank, last report."""
+    engine = _engine(llm)
+    core = _inproc_core(engine)
+    if core is not None:
+        install()
+        return KVCacheInfo.from_dict(getattr(core, INFO_METHOD)())
+    try:
+        return KVCacheInfo.from_dict(_client(engine, is_async=False).call_utility(INFO_METHOD))
+    except ResizeRefusedError:
+        raise
+    except Exception as err:
+        raise (_plugin_missing(err) or err) from err
+
+
+# -- AsyncLLM -------------------------------------------------------------------------------
+async def resize_kv_cache_async(
+    llm: Any,
+    *,
+    num_blocks: int | None = None,
+    kv_cache_memory_bytes: int | None = None,
+    mode: str = "wait",
+) -> ResizeReport:
+    """:func:`resize_kv_cache` for an ``AsyncLLM``. ``mode="wait"`` lets requests in flight
+    finish (vLLM's ``pause_scheduler``) while new ones queue, then runs them on the new
+    cache; ``mode="abort"`` aborts them (their streams end with ``finish_reason="abort"``)."""
+    _check_size(num_blocks, kv_cache_memory_bytes, required=True)
+    _check_mode(mode)
+    return await _call_async(
+        llm, "resize", num_blocks=num_blocks, kv_cache_memory_bytes=kv_cache_memory_bytes, mode=mode
+    )
+
+
+async def release_kv_cache_async(llm: Any, *, mode: str = "wait") -> ResizeReport:
+    """:func:`release_kv_cache` for an ``AsyncLLM``."""
+    _check_mode(mode)
+    return await _call_async(llm, "release", mode=mode)
+
+
+async def resume_kv_cache_async(
+    llm: Any, *, num_blocks: int | None = None, kv_cache_memory_bytes: int | None = None
+) -> ResizeReport:
+    """:func:`resume_kv_cache` for an ``AsyncLLM``."""
+    _check_size(num_blocks, kv_cache_memory_bytes, required=False)
+    return await _call_async(
+        llm, "resume", num_blocks=num_blocks, kv_cache_memory_bytes=kv_cache_memory_bytes
+    )
+
+
+async def kv_cache_info_async(llm: Any) -> KVCacheInfo:
+    """:func:`kv_cache_info` for an ``AsyncLLM``."""
+    client = _client(_engine(llm), is_async=True)
+    try:
+        return KVCacheInfo.from_dict(await client.call_utility_async(INFO_METHOD))
+    except Exception as err:
+        raise (_plugin_missing(err) or err) from err

@@ -1,0 +1,850 @@
+"""The engine-core side of a resize: the one module that patches vLLM's ``EngineCore``.
+
+What belongs here: everything a resize does in the process that holds the scheduler —
+planning the new ``KVCacheConfig`` with vLLM's own functions, quiescing requests, driving
+every worker rank (:mod:`.rank`), rebuilding the scheduler's KV cache manager and updating
+every capacity figure vLLM keeps — and nothing the frontend does (:mod:`.api`).
+
+Why a patch: vLLM 0.32.0 offers no extension point here. The engine core may run in its
+own process, where the only code that reaches it is ``load_general_plugins()`` in
+``EngineCore.__init__`` and utility calls dispatched by method name
+(``vllm/v1/engine/core.py``); and the ``Scheduler`` keeps its ``KVCacheManager`` (block
+pool, prefix cache) with no way to swap it. So :func:`install` adds two methods to
+``EngineCore`` — :data:`RESIZE_METHOD` and :data:`INFO_METHOD` — and nothing else; it
+refuses another vLLM version. The scheduler is kept (its queues and finished-request ids
+live on it); its ``KVCacheManager`` is replaced and every attribute ``Scheduler.__init__``
+derives from the KV config is recomputed here (:func:`rebuild_scheduler_kv`), as vLLM
+0.32.0's ``vllm/v1/core/sched/scheduler.py`` computes them.
+
+The planning replays ``EngineCore._initialize_kv_caches`` after the specs:
+``get_kv_cache_configs`` (with ``num_gpu_blocks_override`` for a block count, or the byte
+size as the available memory), the layout, ``generate_scheduler_kv_cache_config``, the
+block size, ``update_kv_cache_capacity``, ``hash_block_size`` and
+``cache_hit_alignment_tokens``; each worker then gets its config through vLLM's
+``Worker.initialize_from_config``.
+
+Results are plain dicts (``{"ok": True, "report": ...}`` or ``{"ok": False, "error":
+...}``): a utility call's value crosses the process boundary as plain data, and an
+exception would arrive as a bare message.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, NoReturn
+
+import attrs
+
+from ..errors import ResizeError, ResizeRefusedError
+from ..hook import PIPELINED_WORKER
+from ..hook.worker import SUPPORTED_VLLM
+from . import rank as ranks
+from .report import STEPS, KVCacheInfo, RankReport, ResizeReport
+
+__all__ = [
+    "FRONTEND_FIGURES",
+    "INFO_METHOD",
+    "PLUGIN_NAME",
+    "RESIZE_METHOD",
+    "Plan",
+    "error_from_dict",
+    "install",
+    "kv_info",
+    "plan",
+    "prepare",
+    "rebuild_scheduler_kv",
+    "register",
+    "resize",
+]
+
+logger = logging.getLogger("vllm.initpipe")
+
+#: The utility methods :func:`install` adds to ``EngineCore`` (called by name).
+RESIZE_METHOD = "initpipe_resize_kv_cache"
+INFO_METHOD = "initpipe_kv_cache_info"
+
+_SCHEDULERS = (
+    "vllm.v1.core.sched.scheduler.Scheduler",
+    "vllm.v1.core.sched.async_scheduler.AsyncScheduler",
+)
+#: KV connectors whose scheduler side follows a new KV cache manager (re-bound).
+_CONNECTORS = ("ExampleConnector",)
+_HOW_TO_START = (
+    f'start the engine with worker_cls="{PIPELINED_WORKER}" (or INITPIPE_VLLM=1 in its environment)'
+)
+
+
+# -- state kept on the engine core --------------------------------------------------------
+@attrs.define
+class _State:
+    state: str = "serving"
+    resume_blocks: int | None = None
+    #: the pause state the user had set before a release (restored by the resume)
+    user_pause: Any = None
+    bytes_per_rank: tuple[int, ...] = ()
+    last_report: ResizeReport | None = None
+
+
+def _state(core: Any) -> _State:
+    st = getattr(core, "_initpipe_kv_state", None)
+    if st is None:
+        st = core._initpipe_kv_state = _State()
+    return st
+
+
+# -- errors as plain data -----------------------------------------------------------------
+def _error_dict(err: ResizeError) -> dict[str, Any]:
+    return {
+        "type": type(err).__name__,
+        "message": str(err),
+        "step": err.step,
+        "stage": err.stage,
+        "rank": err.rank,
+        "reason": err.reason,
+        "rolled_back": err.rolled_back,
+    }
+
+
+def error_from_dict(data: dict[str, Any]) -> ResizeError:
+    """The typed error a failed utility call described."""
+    cls = ResizeRefusedError if data["type"] == "ResizeRefusedError" else ResizeError
+    return cls(
+        data["message"],
+        step=data["step"],
+        reason=data["reason"],
+        stage=data["stage"],
+        rank=data["rank"],
+        rolled_back=data["rolled_back"],
+    )
+
+
+def _refuse(step: str, reason: str) -> ResizeRefusedError:
+    return ResizeRefusedError(
+        f"KV cache resize refused ({step}): {reason}. Nothing changed; the engine serves on "
+        "at its current size.",
+        step=step,
+        reason=reason,
+    )
+
+
+# -- planning -----------------------------------------------------------------------------
+@attrs.frozen
+class Plan:
+    """A planned KV cache: every worker's config and the scheduler's."""
+
+    worker_configs: list[Any]
+    scheduler_config: Any
+    block_size: int
+    scheduler_block_size: int
+    hash_block_size: int
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.scheduler_config.num_blocks)
+
+    def bytes_per_rank(self) -> tuple[int, ...]:
+        return tuple(sum(int(t.size) for t in c.kv_cache_tensors) for c in self.worker_configs)
+
+
+def plan(
+    core: Any, *, num_blocks: int | None = None, kv_cache_memory_bytes: int | None = None
+) -> Plan:
+    """Plan a KV cache of ``num_blocks`` blocks or ``kv_cache_memory_bytes`` bytes per rank
+    with vLLM's own functions, as ``EngineCore._initialize_kv_caches`` does at start.
+
+    Raises:
+        ResizeRefusedError: the size cannot serve ``max_model_len`` (vLLM's message), or
+            the engine's ``max_model_len`` was auto-fitted (planning would change it).
+    """
+    from vllm.v1.core.kv_cache_utils import (
+        generate_scheduler_kv_cache_config,
+        get_kv_cache_configs,
+        resolve_cache_hit_alignment_tokens,
+        resolve_kv_cache_block_sizes,
+    )
+
+    vllm_config = core.vllm_config
+    cache = vllm_config.cache_config
+    if vllm_config.model_config.original_max_model_len == -1:
+        raise _refuse(
+            "planning",
+            "max_model_len was auto-fitted to the KV cache at start (max_model_len=-1); a new "
+            "size would silently change it. Start the engine with an explicit max_model_len",
+        )
+    specs = core.model_executor.get_kv_cache_specs()
+    saved = cache.num_gpu_blocks_override
+    try:
+        if num_blocks is not None:
+            cache.num_gpu_blocks_override = num_blocks
+            available = [max(int(core.available_gpu_memory_for_kv_cache), 1)] * len(specs)
+        else:
+            cache.num_gpu_blocks_override = None
+            available = [int(kv_cache_memory_bytes or 0)] * len(specs)
+        configs = get_kv_cache_configs(vllm_config, specs, available)
+    except ValueError as err:
+        raise _refuse("planning", str(err)) from None
+    finally:
+        cache.num_gpu_blocks_override = saved
+    for cfg in configs:
+        cfg.kv_cache_layout = cache.kv_cache_layout
+    sched_cfg = generate_scheduler_kv_cache_config(configs)
+    groups = sched_cfg.kv_cache_groups
+    if not groups:
+        raise _refuse("planning", "the model has no KV cache (attention-free or encoder-only)")
+    participating = [g.kv_cache_spec.block_size for g in groups if g.kv_cache_spec.prefix_cacheable]
+    block_size = min(participating or [g.kv_cache_spec.block_size for g in groups])
+    if block_size != cache.block_size:
+        raise _refuse(
+            "planning",
+            f"the new plan has block size {block_size}, the engine {cache.block_size}; a resize "
+            "keeps the block size",
+        )
+    if sched_cfg.num_blocks < 2:
+        raise _refuse("planning", f"{sched_cfg.num_blocks} block(s): vLLM needs at least 2")
+    scheduler_block_size, hash_block_size = resolve_kv_cache_block_sizes(sched_cfg, vllm_config)
+    alignment = resolve_cache_hit_alignment_tokens(
+        sched_cfg, vllm_config, scheduler_block_size, hash_block_size
+    )
+    for cfg in (*configs, sched_cfg):
+        cfg.hash_block_size = hash_block_size
+        cfg.cache_hit_alignment_tokens = alignment
+    return Plan(configs, sched_cfg, block_size, scheduler_block_size, hash_block_size)
+
+
+# -- the scheduler ------------------------------------------------------------------------
+def rebuild_scheduler_kv(core: Any, new: Plan) -> None:
+    """Give the scheduler a new ``KVCacheManager`` for ``new``; recompute what derives from
+    the KV config, exactly as ``Scheduler.__init__`` (vLLM 0.32.0) does; re-bind the
+    connector; update the engine's capacity figures. Builds first, assigns last."""
+    from vllm.utils.math_utils import cdiv
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import update_kv_cache_capacity
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    sched = core.scheduler
+    vllm_config = core.vllm_config
+    cache = vllm_config.cache_config
+    cfg = new.scheduler_config
+    manager = KVCacheManager(
+        kv_cache_config=cfg,
+        max_model_len=sched.max_model_len,
+        max_in_flight_tokens=vllm_config.max_in_flight_tokens,
+        enable_caching=cache.enable_prefix_caching,
+        use_eagle=sched.use_eagle_block_drop,
+        num_prefill_lookahead=sched.num_prefill_lookahead,
+        log_stats=sched.log_stats,
+        enable_kv_cache_events=sched.enable_kv_cache_events,
+        dcp_world_size=sched.dcp_world_size,
+        pcp_world_size=1,
+        scheduler_block_size=new.scheduler_block_size,
+        hash_block_size=new.hash_block_size,
+        metrics_collector=sched.kv_metrics_collector,
+        watermark=sched.scheduler_config.watermark,
+        enable_mamba_shared_prefix_checkpoint=cache.enable_mamba_shared_prefix_checkpoint,
+    )
+    groups = cfg.kv_cache_groups
+    replay_ids = tuple(i for i, g in enumerate(groups) if g.kv_cache_spec.prefix_replay_tokens > 0)
+    windows = {groups[i].kv_cache_spec.prefix_replay_tokens for i in replay_ids}
+    num_spec = (
+        1 + sched.num_spec_tokens + sched.num_lookahead_tokens if sched.num_spec_tokens else 0
+    )
+    spec_step_blocks = sum(
+        cdiv(num_spec, m.block_size)
+        for m in manager.coordinator.single_type_managers
+        if not isinstance(m.kv_cache_spec, MambaSpec)
+    )
+    # -- assign (nothing above touched the scheduler) --
+    sched.kv_cache_config = cfg
+    sched.block_size = new.scheduler_block_size
+    sched.hash_block_size = new.hash_block_size
+    sched.prefix_replay_group_ids = replay_ids
+    sched.prefix_replay_tokens = windows.pop() if windows else 0
+    sched.kv_cache_manager = manager
+    sched._spec_decode_step_blocks = spec_step_blocks
+    if sched.connector is not None:
+        sched.connector.bind_kv_cache_manager(manager)
+    sched.has_mamba_layers = cfg.has_mamba_layers
+    sched.needs_kv_cache_zeroing = cfg.needs_kv_cache_zeroing
+    sched.need_mamba_block_aligned_split = (
+        sched.has_mamba_layers and cache.mamba_cache_mode == "align"
+    )
+    sched.mamba_prefill_checkpoint_alignment = next(
+        (
+            g.kv_cache_spec.prefill_checkpoint_alignment
+            for g in groups
+            if isinstance(g.kv_cache_spec, MambaSpec)
+        ),
+        None,
+    )
+    sched.mamba_has_prefill_checkpoint_blocks = sched.has_mamba_layers and all(
+        not isinstance(g.kv_cache_spec, MambaSpec)
+        or g.kv_cache_spec.num_prefill_checkpoint_blocks > 0
+        for g in groups
+    )
+    sched.mamba_partial_cache_hit = (
+        sched.need_mamba_block_aligned_split
+        and sched.hash_block_size < sched.block_size
+        and manager.coordinator.enable_partial_hash_hits
+    )
+    sched.mamba_shared_prefix_checkpoint = (
+        sched.mamba_partial_cache_hit and manager.mamba_shared_prefix_checkpoint
+    )
+    # -- the engine's figures (EngineCore._initialize_kv_caches) --
+    cache.num_gpu_blocks = cfg.num_blocks
+    cache.block_size = new.block_size
+    cache.hash_block_size = new.hash_block_size
+    cache.cache_hit_alignment_tokens = cfg.cache_hit_alignment_tokens
+    update_kv_cache_capacity(vllm_config, cfg)
+    core._initialize_effective_attention_block_size()
+
+
+# -- checks -------------------------------------------------------------------------------
+def _qualname(obj: Any) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _check_engine(core: Any, statuses: list[dict[str, Any]]) -> None:
+    import vllm
+
+    if vllm.__version__ != SUPPORTED_VLLM:
+        raise _refuse(
+            "engine", f"vLLM {vllm.__version__} is installed; resize covers {SUPPORTED_VLLM}"
+        )
+    parallel = core.vllm_config.parallel_config
+    if parallel.data_parallel_size > 1:
+        raise _refuse(
+            "engine",
+            f"data_parallel_size={parallel.data_parallel_size}: data parallelism is not "
+            "supported (each DP engine has its own scheduler); resize each engine separately",
+        )
+    if _qualname(core.scheduler) not in _SCHEDULERS:
+        raise _refuse("engine", f"scheduler {_qualname(core.scheduler)} is not vLLM's own")
+    connector = core.scheduler.connector
+    if connector is not None and type(connector).__name__ not in _CONNECTORS:
+        raise _refuse(
+            "engine",
+            f"KV connector {type(connector).__name__} cannot follow a new KV cache (supported: "
+            f"none, {', '.join(_CONNECTORS)})",
+        )
+    if core.batch_queue:
+        raise _refuse("engine", "batches are in flight in the batch queue")
+    for st in statuses:
+        if not st["ok"]:
+            raise _refuse("engine", f"rank {st['rank']} could not report: {st['error']}")
+        if not st["pipelined"]:
+            raise _refuse(
+                "engine",
+                f"rank {st['rank']} runs {st['worker_class']} (runner {st['runner_class']}), "
+                f"not initpipe's pipelined worker: {_HOW_TO_START}",
+            )
+
+
+def _held_requests(sched: Any) -> list[str]:
+    held = [r.request_id for r in sched.running]
+    held += [r.request_id for r in sched.kv_holding_waiting]
+    return held
+
+
+def _flush_finished(core: Any) -> None:
+    """Let the runners drop finished requests (vLLM tells them in the next step), with
+    nothing scheduled: the scheduler is ``PAUSED_ALL`` here. In its own process the engine
+    core's outputs go to its output queue, as its busy loop would send them."""
+    sched = core.scheduler
+    queue = getattr(core, "output_queue", None)
+    for _ in range(4):
+        if not sched.has_finished_requests():
+            return
+        outputs, _executed = core.step()
+        if queue is not None:
+            for output in (outputs or {}).items():
+                queue.put_nowait(output)
+
+
+def _rpc(core: Any, func: Callable[..., Any], *args: Any) -> list[dict[str, Any]]:
+    return list(core.model_executor.collective_rpc(func, args=args))
+
+
+def _first_failure(statuses: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((s for s in statuses if not s["ok"]), None)
+
+
+# -- the resize -----------------------------------------------------------------------------
+class _Clock:
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.steps: dict[str, float] = dict.fromkeys(STEPS, 0.0)
+
+    def add(self, step: str, seconds: float) -> None:
+        self.steps[step] += seconds
+
+    def timed(self, step: str) -> Any:
+        clock = self
+
+        class _T:
+            def __enter__(self) -> None:
+                self.t = time.perf_counter()
+
+            def __exit__(self, *exc: object) -> None:
+                clock.add(step, time.perf_counter() - self.t)
+
+        return _T()
+
+
+class _StepFailed(Exception):
+    """A rank reported a failure at ``step`` (turned into a ResizeError after the rollback)."""
+
+    def __init__(self, step: str, status: dict[str, Any]) -> None:
+        super().__init__(status["error"])
+        self.step = step
+        self.status = status
+
+
+def _failed(err: _StepFailed, *, rolled_back: bool, action: str) -> ResizeError:
+    status = err.status
+    where = f"stage {status['stage']!r}" if status.get("stage") else f"the {err.step} step"
+    after = (
+        "the engine went back to its previous state and keeps serving"
+        if rolled_back
+        else "the rollback failed too: the engine is left with its KV cache released and "
+        "refuses requests; call resume_kv_cache() to retry, or restart it"
+    )
+    on_rank = "" if status["rank"] is None else f" on rank {status['rank']}"
+    return ResizeError(
+        f"KV cache {action} failed at {where}{on_rank}: {status['error']}; {after}",
+        step=err.step if rolled_back else "rollback",
+        stage=status.get("stage"),
+        rank=status["rank"],
+        reason=status["error"],
+        rolled_back=rolled_back,
+    )
+
+
+@attrs.frozen
+class _Prepared:
+    """What a resize checked and planned before touching anything."""
+
+    statuses: list[dict[str, Any]]
+    before: int
+    old: Plan | None
+    new: Plan | None
+    num_blocks: int | None
+
+
+def prepare(
+    core: Any,
+    action: str,
+    *,
+    num_blocks: int | None = None,
+    kv_cache_memory_bytes: int | None = None,
+) -> _Prepared:
+    """Every check and the plans, with no side effect (the refusals happen here).
+
+    Raises:
+        ResizeRefusedError: the state, the engine, the size or the memory refuses it.
+    """
+    st = _state(core)
+    if action == "resize" and st.state == "released":
+        raise _refuse("state", "the KV cache is released: call resume_kv_cache(num_blocks=...)")
+    if action == "release" and st.state == "released":
+        raise _refuse("state", "the KV cache is already released")
+    if action == "resume" and st.state != "released":
+        raise _refuse("state", "the KV cache is not released (resize it instead)")
+    statuses = _rpc(core, ranks.rank_status)
+    _check_engine(core, statuses)
+    before = 0 if st.state == "released" else int(core.scheduler.kv_cache_config.num_blocks)
+    old = plan(core, num_blocks=before) if before else None
+    new = None
+    if action == "resume" and num_blocks is None and kv_cache_memory_bytes is None:
+        num_blocks = st.resume_blocks
+    if action != "release":
+        new = plan(core, num_blocks=num_blocks, kv_cache_memory_bytes=kv_cache_memory_bytes)
+        for status, need in zip(statuses, new.bytes_per_rank(), strict=True):
+            room = status["available_memory"]
+            if room is not None and need - status["kv_bytes"] > room:
+                raise _refuse(
+                    "memory",
+                    f"rank {status['rank']} needs {need:,} bytes for {new.num_blocks} blocks; "
+                    f"{status['kv_bytes']:,} are freed first and {room:,} are available",
+                )
+    return _Prepared(statuses, before, old, new, num_blocks)
+
+
+def resize(
+    core: Any,
+    action: str,
+    *,
+    num_blocks: int | None = None,
+    kv_cache_memory_bytes: int | None = None,
+    mode: str = "wait",
+    aborted: tuple[str, ...] = (),
+    prepared: _Prepared | None = None,
+    prior_pause: Any = None,
+    pause_s: float = 0.0,
+) -> ResizeReport:
+    """Resize, release or resume the engine's KV cache, synchronously. Requests holding KV
+    blocks must be gone (aborted, or drained by vLLM's ``pause_scheduler``: then pass the
+    pause state from before it as ``prior_pause`` and its duration as ``pause_s``).
+
+    Raises:
+        ResizeRefusedError: refused before anything changed.
+        ResizeError: failed after; ``.rolled_back`` says whether the previous state is back.
+    """
+    from vllm.v1.core.sched.interface import PauseState
+
+    clock = _Clock()
+    clock.add("pause", pause_s)
+    st = _state(core)
+    p = prepared or prepare(
+        core, action, num_blocks=num_blocks, kv_cache_memory_bytes=kv_cache_memory_bytes
+    )
+    statuses, before, old, new, num_blocks = p.statuses, p.before, p.old, p.new, p.num_blocks
+    sched = core.scheduler
+
+    # -- requests: nothing may hold KV blocks; the runners must hold no request --
+    if prior_pause is None:
+        prior_pause = sched.pause_state
+    saved_pause = st.user_pause if st.state == "released" else prior_pause
+    with clock.timed("pause"):
+        held = _held_requests(sched)
+        if held:
+            raise _refuse(
+                "requests",
+                f"requests {held} hold KV blocks; in-process a resize cannot wait for them: "
+                "let them finish (LLM.wait_for_completion()) or pass mode='abort'",
+            )
+        waited = tuple(r.request_id for r in sched.waiting)
+        sched.set_pause_state(PauseState.PAUSED_ALL)
+        try:
+            _flush_finished(core)
+            busy = [s for s in _rpc(core, ranks.rank_status) if s["ok"] and s["requests"]]
+            if busy:
+                raise _refuse(
+                    "requests",
+                    f"rank {busy[0]['rank']}'s runner still holds requests {busy[0]['requests']}",
+                )
+            if before and not sched.reset_prefix_cache():
+                raise _refuse("requests", "the prefix cache could not be reset")
+        except BaseException:
+            sched.set_pause_state(prior_pause)
+            raise
+
+    rank_reports: dict[int, dict[str, Any]] = {s["rank"]: {"rank": s["rank"]} for s in statuses}
+    try:
+        if before:
+            _teardown(core, clock, rank_reports)
+        if new is not None:
+            _apply(core, new, clock, rank_reports)
+            with clock.timed("scheduler"):
+                rebuild_scheduler_kv(core, new)
+                _remember_size(core, num_blocks, kv_cache_memory_bytes)
+    except Exception as err:
+        failure = (
+            err
+            if isinstance(err, _StepFailed)
+            else _StepFailed(
+                "scheduler", {"rank": None, "stage": None, "error": f"{type(err).__name__}: {err}"}
+            )
+        )
+        back = _rollback(core, old, st)
+        st.user_pause = saved_pause
+        serving = st.state == "serving"
+        sched.set_pause_state(saved_pause if serving else PauseState.PAUSED_ALL)
+        raise _failed(failure, rolled_back=back, action=action) from err
+
+    with clock.timed("resume"):
+        if new is None:
+            # nothing is scheduled while released (PAUSED_ALL); the frontend refuses requests
+            st.state, st.resume_blocks, st.bytes_per_rank = "released", before, ()
+            st.user_pause = saved_pause
+        else:
+            st.state, st.resume_blocks = "serving", None
+            st.bytes_per_rank = new.bytes_per_rank()
+            sched.set_pause_state(saved_pause)
+    ranks_out = tuple(
+        RankReport(**{k: v for k, v in r.items() if k in attrs.fields_dict(RankReport)})
+        for _, r in sorted(rank_reports.items())
+    )
+    report = ResizeReport(
+        action=action,  # type: ignore[arg-type]
+        mode=mode,
+        blocks_before=before,
+        blocks_after=0 if new is None else new.num_blocks,
+        bytes_freed=sum(r.bytes_freed for r in ranks_out),
+        bytes_allocated=sum(r.bytes_allocated for r in ranks_out),
+        total_s=time.perf_counter() - clock.start,
+        steps=clock.steps,
+        ranks=ranks_out,
+        requests_waited=waited,
+        requests_aborted=aborted,
+    )
+    st.last_report = report
+    logger.info("initpipe: %s", report)
+    return report
+
+
+def _teardown(core: Any, clock: _Clock, out: dict[int, dict[str, Any]]) -> None:
+    statuses = _rpc(core, ranks.rank_teardown)
+    clock.add("teardown", max(s.get("seconds", 0.0) for s in statuses))
+    for s in statuses:
+        if s["ok"]:
+            out[s["rank"]].update(
+                bytes_freed=s["bytes_freed"],
+                teardown_s=s["seconds"],
+                rss_before=s["rss_before"],
+                rss_after=s["rss_after"],
+            )
+    bad = _first_failure(statuses)
+    if bad is not None:
+        raise _StepFailed("teardown", bad)
+
+
+def _apply(core: Any, new: Plan, clock: _Clock, out: dict[int, dict[str, Any]]) -> None:
+    statuses = _rpc(core, ranks.rank_initialize, new.worker_configs)
+    clock.add("kv_phase", max(s.get("seconds", 0.0) for s in statuses))
+    for s in statuses:
+        if s["ok"]:
+            out[s["rank"]].update(bytes_allocated=s["bytes_allocated"], kv_phase_s=s["seconds"])
+    bad = _first_failure(statuses)
+    if bad is not None:
+        raise _StepFailed("kv_phase", bad)
+    statuses = _rpc(core, ranks.rank_warm_up)
+    clock.add("warmup", max(s.get("seconds", 0.0) for s in statuses))
+    for s in statuses:
+        if s["ok"]:
+            out[s["rank"]].update(warmup_s=s["seconds"], rss_after=s["rss_after"])
+    bad = _first_failure(statuses)
+    if bad is not None:
+        raise _StepFailed("warmup", bad)
+
+
+def _rollback(core: Any, old: Plan | None, st: _State) -> bool:
+    """Back to ``old`` on every rank (or to released, when there was no cache); True when
+    that worked. The scheduler is rebuilt for ``old`` (a no-op in effect when the failure
+    came before the scheduler step)."""
+    try:
+        for s in _rpc(core, ranks.rank_teardown):
+            if not s["ok"]:
+                logger.error(
+                    "initpipe: rollback teardown failed on rank %s: %s", s["rank"], s["error"]
+                )
+                raise RuntimeError(s["error"])
+        if old is None:
+            st.state, st.bytes_per_rank = "released", ()
+            return True
+        for func, args in (
+            (ranks.rank_initialize, (old.worker_configs,)),
+            (ranks.rank_warm_up, ()),
+        ):
+            for s in _rpc(core, func, *args):
+                if not s["ok"]:
+                    logger.error("initpipe: rollback failed on rank %s: %s", s["rank"], s["error"])
+                    raise RuntimeError(s["error"])
+        rebuild_scheduler_kv(core, old)
+        st.state, st.bytes_per_rank = "serving", old.bytes_per_rank()
+        return True
+    except Exception:
+        logger.exception("initpipe: the KV cache could not be rolled back")
+        st.state, st.resume_blocks, st.bytes_per_rank = (
+            "released",
+            old.num_blocks if old else st.resume_blocks,
+            (),
+        )
+        return False
+
+
+def _remember_size(core: Any, num_blocks: int | None, kv_cache_memory_bytes: int | None) -> None:
+    """The engine's config now says what a fresh engine of this size would be started with."""
+    cache = core.vllm_config.cache_config
+    if num_blocks is not None:
+        cache.num_gpu_blocks_override = num_blocks
+    else:
+        cache.num_gpu_blocks_override = None
+        cache.kv_cache_memory_bytes = kv_cache_memory_bytes
+
+
+def kv_info(core: Any) -> KVCacheInfo:
+    """The engine's KV cache now."""
+    st = _state(core)
+    cfg = core.scheduler.kv_cache_config
+    released = st.state == "released"
+    per_rank = st.bytes_per_rank
+    if not released and not per_rank:
+        per_rank = tuple(s["kv_bytes"] for s in _rpc(core, ranks.rank_status))
+    return KVCacheInfo(
+        state="released" if released else "serving",
+        num_blocks=0 if released else int(cfg.num_blocks),
+        free_blocks=0
+        if released
+        else core.scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
+        block_size=int(core.vllm_config.cache_config.block_size),
+        bytes_per_rank=per_rank,
+        resume_blocks=st.resume_blocks if released else None,
+        last_report=st.last_report,
+    )
+
+
+# -- the EngineCore methods -----------------------------------------------------------------
+#: Capacity figures the frontend's copy of the config learns once, at the handshake.
+FRONTEND_FIGURES = (
+    "num_gpu_blocks",
+    "num_gpu_blocks_override",
+    "kv_cache_memory_bytes",
+    "kv_cache_size_tokens",
+    "kv_cache_max_concurrency",
+    "block_size",
+)
+
+
+def _answer(core: Any, run: Callable[[], ResizeReport]) -> dict[str, Any]:
+    """A resize's outcome as plain data, with the figures the frontend must update."""
+    try:
+        report = run()
+    except ResizeError as err:
+        answer: dict[str, Any] = {"ok": False, "error": _error_dict(err)}
+    else:
+        answer = {"ok": True, "report": report.to_dict()}
+    cache = core.vllm_config.cache_config
+    answer["cache_config"] = {k: getattr(cache, k, None) for k in FRONTEND_FIGURES}
+    answer["state"] = _state(core).state
+    _refuse_adds_while_released(core)
+    return answer
+
+
+def _in_own_process(core: Any) -> bool:
+    """An ``EngineCoreProc`` (busy loop, output queue), not the in-process ``EngineCore``."""
+    return hasattr(core, "output_queue") and hasattr(core, "_idle_state_callbacks")
+
+
+def _refuse_adds_while_released(core: Any) -> None:
+    """In its own process, an engine core whose KV cache is released finishes every new
+    request at once with an error output (another frontend, or one that skipped the API's
+    guard, must not wait forever); the instance attribute goes away on resume."""
+    if not _in_own_process(core):
+        return
+    if _state(core).state != "released":
+        core.__dict__.pop("add_request", None)
+        return
+
+    def add_request(request: Any, request_wave: int = 0) -> None:
+        logger.warning(
+            "initpipe: request %s refused: the KV cache is released (resume_kv_cache)",
+            request.request_id,
+        )
+        core._send_error_outputs_to_client([request.request_id], request.client_index)
+
+    core.add_request = add_request
+
+
+def _resize_method(
+    self: Any,
+    action: str,
+    num_blocks: int | None = None,
+    kv_cache_memory_bytes: int | None = None,
+    mode: str = "wait",
+    aborted: list[str] | None = None,
+) -> dict[str, Any] | Future[dict[str, Any]]:
+    """The utility method. In-process: synchronous (the frontend aborted requests). In its
+    own process: vLLM's ``pause_scheduler(mode)`` drains (``wait``) or aborts requests first
+    and this returns a Future the busy loop answers once the pause completed — a utility
+    that blocked here would stop the loop."""
+    kwargs: dict[str, Any] = {
+        "num_blocks": num_blocks,
+        "kv_cache_memory_bytes": kv_cache_memory_bytes,
+    }
+    if action == "resume" or not _in_own_process(self):
+        return _answer(
+            self, lambda: resize(self, action, mode=mode, aborted=tuple(aborted or ()), **kwargs)
+        )
+    try:
+        prepared = prepare(self, action, **kwargs)
+    except ResizeError as err:
+        return _answer(self, functools.partial(_raise, err))
+    sched = self.scheduler
+    prior = sched.pause_state
+    gone = (
+        tuple(r for r, q in sched.requests.items() if not q.is_finished())
+        if mode == "abort"
+        else ()
+    )
+    start = time.perf_counter()
+
+    def run() -> ResizeReport:
+        return resize(
+            self,
+            action,
+            mode=mode,
+            aborted=gone,
+            prepared=prepared,
+            prior_pause=prior,
+            pause_s=time.perf_counter() - start,
+            **kwargs,
+        )
+
+    try:
+        pending = self.pause_scheduler(mode=mode, clear_cache=False)
+    except Exception as err:
+        sched.set_pause_state(prior)
+        return _answer(self, functools.partial(_raise, _refuse("requests", str(err))))
+    if pending is None:
+        return _answer(self, run)
+    out: Future[dict[str, Any]] = Future()
+
+    def paused(f: Future[Any]) -> None:
+        try:
+            f.result()
+        except Exception as err:
+            sched.set_pause_state(prior)
+            out.set_result(_answer(self, functools.partial(_raise, _refuse("requests", str(err)))))
+            return
+        out.set_result(_answer(self, run))
+
+    pending.add_done_callback(paused)
+    return out
+
+
+def _raise(err: BaseException) -> NoReturn:
+    raise err
+
+
+def _info_method(self: Any) -> dict[str, Any]:
+    return kv_info(self).to_dict()
+
+
+@functools.cache
+def install() -> None:
+    """Add the resize utility methods to vLLM's ``EngineCore`` (idempotent). They change
+    nothing until called.
+
+    Raises:
+        UnsupportedRunnerError: not vLLM 0.32.0.
+    """
+    from vllm.v1.engine.core import EngineCore
+
+    from ..hook.worker import check_vllm_version
+
+    check_vllm_version()
+    setattr(EngineCore, RESIZE_METHOD, _resize_method)
+    setattr(EngineCore, INFO_METHOD, _info_method)
+
+
+#: The ``vllm.general_plugins`` entry point's name (``VLLM_PLUGINS`` must include it).
+PLUGIN_NAME = "initpipe_resize"
+
+
+def register() -> None:
+    """``vllm.general_plugins`` entry point ``initpipe_resize``: :func:`install`, in every
+    process (the engine core's own process is reached by nothing else). Never raises: on
+    another vLLM it installs nothing (a resize then says why)."""
+    from ..errors import UnsupportedRunnerError
+
+    try:
+        install()
+    except UnsupportedRunnerError as err:
+        logger.debug("initpipe: live KV resize not installed: %s", err)
+    except Exception:
+        logger.warning("initpipe: live KV resize not installed", exc_info=True)

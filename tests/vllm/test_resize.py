@@ -1,0 +1,390 @@
+"""Live resize, in-process: after a resize the engine is a FRESH engine of the new size.
+
+One subprocess (an in-process engine mutates its process) runs everything on tiny-llama
+with seeded, KV-sensitive weights (``initpipe_vllm.testing.seeded_model``) and the
+equivalence harness's workload (longer than a block, a prefix-cache hit, exact logprobs):
+
+- the engine under test starts with the pipelined worker and ``num_gpu_blocks_override=A``,
+  serves a workload (filling its prefix cache), then is resized A -> B (shrink), B -> C
+  (grow), released and resumed, resized 20 times alternating B/C, and after each of these
+  runs the workload again and records outputs, ``runner_snapshot`` and
+  ``scheduler_snapshot``;
+- fresh STOCK engines started with ``num_gpu_blocks_override=B`` and ``=C`` run the same
+  workload: the oracle. Outputs (tokens, logprobs, cached tokens), the block pool (blocks,
+  free queue, groups, every scheduler setting) and the runner snapshot must be equal;
+- failures: a fault injected once at every KV stage (before it runs, and after it ran) makes
+  the resize fail naming that stage and roll back to the previous size, which keeps
+  serving the oracle's outputs; a size too small for ``max_model_len`` and one larger than
+  the machine are refused before anything changes; a fault that also hits the rollback
+  leaves the engine released (requests refused), and a resume brings it back;
+- requests: ``mode="wait"`` with a request holding KV blocks is refused in-process; with
+  ``mode="abort"`` it is aborted and reported; a request queued but not started runs after
+  the resize and gives the oracle's tokens; while released ``generate`` raises;
+- leaks: after the cycles no KV storage is alive beyond the current cache.
+
+Run as a script (``python test_resize.py OUT.json WEIGHTS_DIR``) it is that subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+A, B, C = 24, 12, 40
+CYCLES = 20
+MODEL = Path(__file__).resolve().parents[2] / "stages" / "models" / "tiny-llama"
+
+
+# -- the subprocess ------------------------------------------------------------------------
+def _runner(llm: Any) -> Any:
+    return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+
+
+def _core(llm: Any) -> Any:
+    return llm.llm_engine.engine_core.engine_core
+
+
+def _state(llm: Any) -> dict[str, Any]:
+    from initpipe_vllm.testing.snapshot import runner_snapshot, scheduler_snapshot
+
+    return {"runner": runner_snapshot(_runner(llm)), "scheduler": scheduler_snapshot(_core(llm))}
+
+
+def _kv_storages_alive(llm: Any) -> dict[str, Any]:
+    """Storages of CPU float tensors at least one KV page large, alive anywhere, against the
+    current KV cache's storages."""
+    import gc
+
+    import torch
+
+    runner = _runner(llm)
+    current = {t.untyped_storage().data_ptr() for t in runner.kv_caches}
+    smallest = min(t.untyped_storage().nbytes() for t in runner.kv_caches)
+    gc.collect()
+    alive = set()
+    for obj in gc.get_objects():
+        # plain tensors only (compile leaves fake/symbolic ones around)
+        if type(obj) in (torch.Tensor, torch.nn.Parameter) and obj.device.type == "cpu":
+            st = obj.untyped_storage()
+            if st.nbytes() >= smallest and obj.dtype == runner.kv_caches[0].dtype:
+                alive.add((st.data_ptr(), st.nbytes()))
+    return {
+        "current": sorted(current),
+        "alive_kv_sized": sorted(p for p, _ in alive),
+        "stale": sorted(p for p, n in alive if p not in current and n == smallest),
+    }
+
+
+def _outputs(llm: Any, salt: int = 2) -> Any:
+    from initpipe_vllm.testing.equivalence import run_workload
+
+    return run_workload(llm, "generate", salt=salt)["outputs"]
+
+
+def _error(err: BaseException) -> dict[str, Any]:
+    return {
+        "type": type(err).__name__,
+        "message": str(err),
+        "step": getattr(err, "step", None),
+        "stage": getattr(err, "stage", None),
+        "rolled_back": getattr(err, "rolled_back", None),
+    }
+
+
+def _fresh(folder: Path, extra: dict[str, Any], blocks: int, queued: list[int]) -> Any:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from initpipe_vllm.testing.equivalence import workload_engine_kwargs
+
+    kwargs, _ = workload_engine_kwargs(folder, num_gpu_blocks_override=blocks, **extra)
+    llm = LLM(**kwargs)
+    try:
+        out = {"outputs": _outputs(llm), **_state(llm)}
+        params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, detokenize=False)
+        (q,) = llm.generate([TokensPrompt(prompt_token_ids=queued)], params, use_tqdm=False)
+        out["queued_tokens"] = list(q.outputs[0].token_ids)
+        return out
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+
+
+def _engine_under_test(folder: Path, extra: dict[str, Any], queued: list[int]) -> Any:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    import initpipe_vllm as ip
+    from initpipe.testing import clear_faults, inject_fault
+    from initpipe_vllm.hook import PIPELINED_WORKER
+    from initpipe_vllm.testing.equivalence import workload_engine_kwargs
+
+    kwargs, _ = workload_engine_kwargs(
+        folder, num_gpu_blocks_override=A, worker_cls=PIPELINED_WORKER, **extra
+    )
+    llm = LLM(**kwargs)
+    rec: dict[str, Any] = {"info_start": ip.kv_cache_info(llm).to_dict()}
+    _outputs(llm, salt=1)  # fill the prefix cache with another workload
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, detokenize=False)
+
+    def checkpoint(name: str, report: Any) -> None:
+        rec[name] = {
+            "report": report.to_dict(),
+            "info": ip.kv_cache_info(llm).to_dict(),
+            "outputs": _outputs(llm),
+            **_state(llm),
+        }
+
+    checkpoint("shrink", ip.resize_kv_cache(llm, num_blocks=B))
+    checkpoint("grow", ip.resize_kv_cache(llm, num_blocks=C))
+
+    # release -> refused requests -> resume (to the previous size)
+    rel = ip.release_kv_cache(llm)
+    rec["released"] = {"report": rel.to_dict(), "info": ip.kv_cache_info(llm).to_dict()}
+    try:
+        llm.generate([TokensPrompt(prompt_token_ids=queued)], params, use_tqdm=False)
+        rec["released"]["generate"] = "served"
+    except Exception as err:
+        rec["released"]["generate"] = _error(err)
+    rec["released"]["unfinished_after_refusal"] = llm.llm_engine.has_unfinished_requests()
+    checkpoint("resumed", ip.resume_kv_cache(llm))
+
+    # 20 alternating resizes, ending on C
+    reports = [ip.resize_kv_cache(llm, num_blocks=B if i % 2 == 0 else C) for i in range(CYCLES)]
+    checkpoint("cycled", reports[-1])
+    rec["cycles"] = [r.to_dict() for r in reports]
+    rec["leaks"] = _kv_storages_alive(llm)
+
+    # refusals before anything changes
+    refusals = {}
+    for name, call in {
+        "too_small": lambda: ip.resize_kv_cache(llm, num_blocks=3),
+        "too_large": lambda: ip.resize_kv_cache(llm, kv_cache_memory_bytes=1 << 50),
+        "both_sizes": lambda: ip.resize_kv_cache(llm, num_blocks=8, kv_cache_memory_bytes=1 << 20),
+        "no_size": lambda: ip.resize_kv_cache(llm),
+        "bad_mode": lambda: ip.resize_kv_cache(llm, num_blocks=8, mode="later"),
+        "resume_serving": lambda: ip.resume_kv_cache(llm),
+    }.items():
+        try:
+            call()
+            refusals[name] = "accepted"
+        except Exception as err:
+            refusals[name] = _error(err)
+    refusals["info_after"] = ip.kv_cache_info(llm).to_dict()
+    rec["refusals"] = refusals
+
+    # a fault at every KV stage: the resize C -> B fails there and rolls back to C
+    runner = _runner(llm)
+    faults = []
+    for stage in runner.initpipe_pipeline.phase_order("kv_cache_config"):
+        for after in (False, True):
+            inject_fault(runner.initpipe_run, stage, after=after, times=1)
+            try:
+                ip.resize_kv_cache(llm, num_blocks=B)
+                res: dict[str, Any] = {"error": None}
+            except Exception as err:
+                res = {"error": _error(err)}
+            finally:
+                clear_faults(runner.initpipe_run)
+            res.update(stage=stage, after=after, blocks=ip.kv_cache_info(llm).num_blocks)
+            faults.append(res)
+    rec["faults"] = faults
+    llm.reset_prefix_cache()
+    rec["after_faults"] = {"outputs": _outputs(llm)}
+
+    # a fault that hits the resize and its rollback: left released, then resumed
+    inject_fault(runner.initpipe_run, "allocated_kv_caches")
+    try:
+        ip.resize_kv_cache(llm, num_blocks=B)
+        rec["double_fault"] = {"error": None}
+    except Exception as err:
+        rec["double_fault"] = {"error": _error(err)}
+    rec["double_fault"]["info"] = ip.kv_cache_info(llm).to_dict()
+    try:
+        llm.generate([TokensPrompt(prompt_token_ids=queued)], params, use_tqdm=False)
+        rec["double_fault"]["generate"] = "served"
+    except Exception as err:
+        rec["double_fault"]["generate"] = _error(err)
+    clear_faults(runner.initpipe_run)
+    ip.resume_kv_cache(llm)
+    rec["double_fault"]["outputs_after_resume"] = _outputs(llm)
+
+    # requests: one holding KV blocks (mode=wait refused, abort aborts), one queued
+    engine = llm.llm_engine
+    llm.enqueue([TokensPrompt(prompt_token_ids=queued)], params, use_tqdm=False)
+    engine.step()  # scheduled: it holds KV blocks now
+    try:
+        ip.resize_kv_cache(llm, num_blocks=B, mode="wait")
+        rec["wait_holding"] = "accepted"
+    except Exception as err:
+        rec["wait_holding"] = _error(err)
+    aborted = ip.resize_kv_cache(llm, num_blocks=B, mode="abort")
+    rec["abort"] = {
+        "report": aborted.to_dict(),
+        "unfinished": engine.has_unfinished_requests(),
+        "outputs": _outputs(llm),
+    }
+    ids = llm.enqueue([TokensPrompt(prompt_token_ids=queued)], params, use_tqdm=False)
+    waited = ip.resize_kv_cache(llm, num_blocks=C, mode="wait")
+    (q,) = llm.wait_for_completion(use_tqdm=False)
+    rec["queued"] = {
+        "ids": ids,
+        "report": waited.to_dict(),
+        "tokens": list(q.outputs[0].token_ids),
+        "finish_reason": q.outputs[0].finish_reason,
+    }
+    engine.engine_core.shutdown()
+    return rec
+
+
+def main(out: str, weights_dir: str) -> None:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    import random
+
+    from initpipe_vllm.testing.equivalence import loadable_model
+
+    queued = [random.Random(7).randrange(3, 500) for _ in range(150)]
+    with loadable_model(MODEL, weights_dir=weights_dir) as (folder, extra):
+        result = {"engine": _engine_under_test(folder, extra, queued)}
+        result["fresh_B"] = _fresh(folder, extra, B, queued)
+        result["fresh_C"] = _fresh(folder, extra, C, queued)
+    Path(out).write_text(json.dumps(result))
+
+
+# -- the tests -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def result(tmp_path_factory: pytest.TempPathFactory, seeded_weights_dir: Path) -> Any:
+    out = tmp_path_factory.mktemp("resize") / "result.json"
+    proc = subprocess.run(
+        [sys.executable, __file__, str(out), str(seeded_weights_dir)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return json.loads(out.read_text())
+
+
+def _same(a: Any, b: Any) -> list[str]:
+    from initpipe_vllm.testing.snapshot import diff_snapshots
+
+    return diff_snapshots(a, b)
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "fresh"),
+    [("shrink", "fresh_B"), ("grow", "fresh_C"), ("resumed", "fresh_C"), ("cycled", "fresh_C")],
+)
+def test_a_resized_engine_is_a_fresh_engine_of_that_size(
+    result: Any, checkpoint: str, fresh: str
+) -> None:
+    got, want = result["engine"][checkpoint], result[fresh]
+    assert got["outputs"][-1]["num_cached_tokens"] > 0  # the workload hit the prefix cache
+    assert _same(want["outputs"], got["outputs"]) == []
+    assert _same(want["scheduler"], got["scheduler"]) == []
+    assert _same(want["runner"], got["runner"]) == []
+
+
+def test_the_reports_and_info_describe_each_resize(result: Any) -> None:
+    eng = result["engine"]
+    assert eng["info_start"]["num_blocks"] == A and eng["info_start"]["state"] == "serving"
+    shrink, grow = eng["shrink"]["report"], eng["grow"]["report"]
+    assert (shrink["blocks_before"], shrink["blocks_after"]) == (A, B)
+    assert (grow["blocks_before"], grow["blocks_after"]) == (B, C)
+    per_block = shrink["bytes_freed"] // A
+    assert per_block > 0
+    assert shrink["bytes_allocated"] == B * per_block
+    assert grow["bytes_freed"] == B * per_block and grow["bytes_allocated"] == C * per_block
+    assert eng["grow"]["info"]["bytes_per_rank"] == [C * per_block]
+    for rep in (shrink, grow):
+        assert set(rep["steps"]) == {
+            "pause",
+            "teardown",
+            "kv_phase",
+            "warmup",
+            "scheduler",
+            "resume",
+        }
+        assert 0 < sum(rep["steps"].values()) <= rep["total_s"]
+        assert rep["ranks"][0]["kv_phase_s"] > 0
+    assert eng["grow"]["info"]["last_report"] == grow
+
+
+def test_release_frees_everything_and_refuses_requests_until_resume(result: Any) -> None:
+    rel = result["engine"]["released"]
+    assert rel["report"]["blocks_after"] == 0 and rel["report"]["bytes_allocated"] == 0
+    assert rel["report"]["bytes_freed"] == result["engine"]["grow"]["report"]["bytes_allocated"]
+    assert rel["info"]["state"] == "released" and rel["info"]["resume_blocks"] == C
+    assert rel["info"]["bytes_per_rank"] == []
+    assert rel["generate"]["type"] == "KVCacheReleasedError"
+    assert "resume_kv_cache" in rel["generate"]["message"]
+    assert rel["unfinished_after_refusal"] is False  # nothing left waiting for an output
+    resumed = result["engine"]["resumed"]
+    assert (resumed["report"]["blocks_before"], resumed["report"]["blocks_after"]) == (0, C)
+
+
+def test_twenty_resizes_leak_no_kv_storage(result: Any) -> None:
+    eng = result["engine"]
+    assert [c["blocks_after"] for c in eng["cycles"]] == [B, C] * (CYCLES // 2)
+    leaks = eng["leaks"]
+    assert leaks["current"] and leaks["stale"] == []
+    assert set(leaks["current"]) <= set(leaks["alive_kv_sized"])
+
+
+def test_bad_sizes_and_arguments_are_refused_before_anything_changes(result: Any) -> None:
+    ref = result["engine"]["refusals"]
+    for name in ("too_small", "too_large", "both_sizes", "no_size", "bad_mode", "resume_serving"):
+        assert ref[name] != "accepted", name
+        assert ref[name]["type"] == "ResizeRefusedError", (name, ref[name])
+        assert ref[name]["rolled_back"] is False
+    assert ref["too_small"]["step"] == "planning"
+    assert "max_model_len" in ref["too_small"]["message"] or "memory" in ref["too_small"]["message"]
+    assert ref["too_large"]["step"] == "memory" and "available" in ref["too_large"]["message"]
+    assert ref["info_after"]["num_blocks"] == C and ref["info_after"]["state"] == "serving"
+
+
+def test_a_fault_at_any_kv_stage_rolls_back_to_the_previous_size(result: Any) -> None:
+    faults = result["engine"]["faults"]
+    assert len(faults) >= 2 * 15
+    for f in faults:
+        err = f["error"]
+        assert err is not None, f
+        assert err["type"] == "ResizeError" and err["rolled_back"] is True, (f, err)
+        assert err["stage"] == f["stage"] and repr(f["stage"]) in err["message"]
+        assert err["step"] == "kv_phase"
+        assert f["blocks"] == C
+    assert _same(result["fresh_C"]["outputs"], result["engine"]["after_faults"]["outputs"]) == []
+
+
+def test_a_failed_rollback_leaves_the_engine_released_until_resumed(result: Any) -> None:
+    dbl = result["engine"]["double_fault"]
+    assert dbl["error"]["type"] == "ResizeError" and dbl["error"]["rolled_back"] is False
+    assert dbl["error"]["step"] == "rollback" and dbl["error"]["stage"] == "allocated_kv_caches"
+    assert dbl["info"]["state"] == "released" and dbl["info"]["resume_blocks"] == C
+    assert dbl["generate"]["type"] == "KVCacheReleasedError"
+    assert _same(result["fresh_C"]["outputs"], dbl["outputs_after_resume"]) == []
+
+
+def test_requests_wait_or_are_aborted_never_served_from_a_stale_block(result: Any) -> None:
+    eng = result["engine"]
+    assert eng["wait_holding"]["type"] == "ResizeRefusedError"
+    assert eng["wait_holding"]["step"] == "requests"
+    assert "mode='abort'" in eng["wait_holding"]["message"]
+    abort = eng["abort"]
+    assert len(abort["report"]["requests_aborted"]) == 1
+    assert abort["unfinished"] is False
+    assert _same(result["fresh_B"]["outputs"], abort["outputs"]) == []
+    queued = eng["queued"]
+    assert len(queued["report"]["requests_waited"]) == 1
+    assert queued["tokens"] == result["fresh_C"]["queued_tokens"]
+    assert queued["finish_reason"] == "length"
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

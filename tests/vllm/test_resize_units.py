@@ -1,0 +1,154 @@
+"""Resize pieces that need no engine: arguments, records, errors, the CUDA graph release.
+
+The CUDA graph release cannot run on a GPU here (no GPU machine could install vLLM): it is
+tested with real ``CUDAGraphWrapper`` / ``BreakableCUDAGraphWrapper`` objects built on CPU
+(the platform's global graph pool set by hand first) whose entries are filled by hand.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import pytest
+
+import initpipe_vllm as ip
+from initpipe_vllm import KVCacheReleasedError, ResizeError, ResizeRefusedError
+from initpipe_vllm.resize.engine import error_from_dict
+from initpipe_vllm.resize.report import KVCacheInfo, RankReport, ResizeReport
+
+
+class _NotAnEngine:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({}, "pass the new size"),
+        ({"num_blocks": 8, "kv_cache_memory_bytes": 1 << 20}, "exactly one"),
+        ({"num_blocks": 0}, r"num_blocks=0: expected a positive int"),
+        ({"num_blocks": 2.5}, r"num_blocks=2.5"),
+        ({"num_blocks": True}, r"num_blocks=True"),
+        ({"kv_cache_memory_bytes": -1}, r"kv_cache_memory_bytes=-1"),
+        ({"num_blocks": 8, "mode": "soon"}, r"mode='soon': expected 'wait'"),
+    ],
+)
+def test_bad_arguments_are_refused_before_the_engine_is_touched(
+    kwargs: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ResizeRefusedError, match=match) as info:
+        ip.resize_kv_cache(_NotAnEngine(), **kwargs)
+    assert info.value.step == "arguments" and info.value.rolled_back is False
+    assert isinstance(info.value, ValueError)  # callers catching ValueError keep working
+
+
+def test_something_that_is_not_an_engine_is_named() -> None:
+    with pytest.raises(ResizeRefusedError, match="_NotAnEngine is not a vLLM LLM"):
+        ip.resize_kv_cache(_NotAnEngine(), num_blocks=8)
+    with pytest.raises(ResizeRefusedError, match="mode='later'"):
+        ip.release_kv_cache(_NotAnEngine(), mode="later")
+
+
+def _report() -> ResizeReport:
+    return ResizeReport(
+        action="resize",
+        mode="abort",
+        blocks_before=24,
+        blocks_after=12,
+        bytes_freed=24 << 17,
+        bytes_allocated=12 << 17,
+        total_s=0.2,
+        steps={"pause": 0.01, "teardown": 0.05},
+        ranks=(RankReport(rank=0, bytes_freed=24 << 17, bytes_allocated=12 << 17, rss_after=5),),
+        requests_aborted=("r1",),
+    )
+
+
+def test_reports_travel_as_plain_data_and_come_back_equal() -> None:
+    import json
+
+    rep = _report()
+    assert ResizeReport.from_dict(json.loads(json.dumps(rep.to_dict()))) == rep
+    info = KVCacheInfo(
+        state="released",
+        num_blocks=0,
+        free_blocks=0,
+        block_size=16,
+        bytes_per_rank=(),
+        resume_blocks=12,
+        last_report=rep,
+    )
+    assert KVCacheInfo.from_dict(json.loads(json.dumps(info.to_dict()))) == info
+    text = str(rep)
+    assert "resize (abort): 24 -> 12 blocks" in text and "aborted: r1" in text
+
+
+def test_errors_keep_their_facts_across_processes() -> None:
+    err = ResizeError(
+        "failed at stage 'kv_caches'",
+        step="kv_phase",
+        stage="kv_caches",
+        rank=1,
+        reason="boom",
+        rolled_back=True,
+    )
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.step, back.stage, back.rank, back.reason, back.rolled_back) == (
+        "kv_phase",
+        "kv_caches",
+        1,
+        "boom",
+        True,
+    )
+    plain = {
+        "type": "ResizeRefusedError",
+        "message": "no",
+        "step": "memory",
+        "stage": None,
+        "rank": None,
+        "reason": "no room",
+        "rolled_back": False,
+    }
+    typed = error_from_dict(plain)
+    assert isinstance(typed, ResizeRefusedError) and typed.step == "memory"
+    assert issubclass(KVCacheReleasedError, RuntimeError)
+
+
+def test_the_cuda_graph_release_drops_every_captured_graph() -> None:
+    from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+    from vllm.config import CUDAGraphMode, VllmConfig
+    from vllm.forward_context import BatchDescriptor
+    from vllm.platforms import current_platform
+
+    from initpipe_vllm.resize.rank import release_cuda_graphs
+
+    cls = type(current_platform)
+    saved = cls._global_graph_pool
+    cls._global_graph_pool = object()  # CPU has no graph pool handle: set one by hand
+    try:
+        cfg = VllmConfig()
+        full = CUDAGraphWrapper(lambda x: x, cfg, CUDAGraphMode.FULL)
+        piece = CUDAGraphWrapper(lambda x: x, cfg, CUDAGraphMode.PIECEWISE)
+        breakable = BreakableCUDAGraphWrapper(lambda x: x, cfg)
+        empty = CUDAGraphWrapper(lambda x: x, cfg, CUDAGraphMode.FULL)
+        for n, w in enumerate((full, piece)):
+            w.concrete_cudagraph_entries[BatchDescriptor(num_tokens=8 + n)] = object()
+        breakable.entries[BatchDescriptor(num_tokens=4)] = object()
+
+        class Runner:
+            class encoder_cudagraph_manager:
+                cleared = False
+
+                @classmethod
+                def clear(cls) -> None:
+                    cls.cleared = True
+
+        assert release_cuda_graphs(Runner()) == 3
+        assert not full.concrete_cudagraph_entries and not piece.concrete_cudagraph_entries
+        assert not breakable.entries and not empty.concrete_cudagraph_entries
+        assert Runner.encoder_cudagraph_manager.cleared
+        assert release_cuda_graphs(Runner()) == 0
+    finally:
+        cls._global_graph_pool = saved
