@@ -29,6 +29,7 @@ BENCHES = {
     "kv": "KV phase and KV re-init vs stock vLLM and vs an engine restart",
     "alloc": "KV allocation at size vs stock and vs torch.zeros",
     "soak": "KV re-init soak: leaks and RSS growth",
+    "resize": "Live KV resize vs an engine restart; memory a shrink or release returns",
 }
 
 ROOT = Path(__file__).resolve().parents[1]

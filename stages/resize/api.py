@@ -10,6 +10,8 @@ requests while the KV cache is released (a synchronous ``generate`` must fail, n
 
 from __future__ import annotations
 
+import functools
+from http import HTTPStatus
 from typing import Any
 
 from ..errors import KVCacheReleasedError, ResizeRefusedError
@@ -110,6 +112,30 @@ def _plugin_missing(err: BaseException) -> ResizeRefusedError | None:
     )
 
 
+@functools.cache
+def _released_class() -> type[KVCacheReleasedError]:
+    from vllm.exceptions import GracefulHTTPError
+
+    class KVCacheReleased(KVCacheReleasedError, GracefulHTTPError):
+        """Also vLLM's ``GracefulHTTPError`` (503): ``AsyncLLM.generate`` passes it through
+        as is (it wraps other errors in ``EngineGenerateError``), and vLLM's server turns
+        it into that HTTP status."""
+
+        def __init__(self, message: str) -> None:
+            GracefulHTTPError.__init__(self, message, HTTPStatus.SERVICE_UNAVAILABLE)
+
+    KVCacheReleased.__module__ = KVCacheReleasedError.__module__
+    return KVCacheReleased
+
+
+def released_error() -> KVCacheReleasedError:
+    """The error a request gets while the KV cache is released."""
+    return _released_class()(
+        "the engine's KV cache is released (initpipe_vllm.release_kv_cache): call "
+        "initpipe_vllm.resume_kv_cache(llm) before generating"
+    )
+
+
 def _guard(engine: Any) -> None:
     """Refuse ``add_request`` while released (before the frontend registers the request, so
     nothing is left waiting for an output that cannot come)."""
@@ -121,10 +147,7 @@ def _guard(engine: Any) -> None:
 
     def refuse() -> None:
         if getattr(engine, "_initpipe_released", False):
-            raise KVCacheReleasedError(
-                "the engine's KV cache is released (initpipe_vllm.release_kv_cache): call "
-                "initpipe_vllm.resume_kv_cache(llm) before generating"
-            )
+            raise released_error()
 
     if inspect.iscoroutinefunction(original):
 

@@ -498,6 +498,7 @@ def resize(
 
     clock = _Clock()
     clock.add("pause", pause_s)
+    clock.start -= pause_s  # the total includes the drain that happened before this call
     st = _state(core)
     p = prepared or prepare(
         core, action, num_blocks=num_blocks, kv_cache_memory_bytes=kv_cache_memory_bytes
@@ -521,7 +522,7 @@ def resize(
         sched.set_pause_state(PauseState.PAUSED_ALL)
         try:
             _flush_finished(core)
-            busy = [s for s in _rpc(core, ranks.rank_status) if s["ok"] and s["requests"]]
+            busy = [s for s in _rpc(core, ranks.rank_requests) if s["ok"] and s["requests"]]
             if busy:
                 raise _refuse(
                     "requests",
@@ -561,6 +562,7 @@ def resize(
             # nothing is scheduled while released (PAUSED_ALL); the frontend refuses requests
             st.state, st.resume_blocks, st.bytes_per_rank = "released", before, ()
             st.user_pause = saved_pause
+            _released_figures(core)
         else:
             st.state, st.resume_blocks = "serving", None
             st.bytes_per_rank = new.bytes_per_rank()
@@ -635,6 +637,7 @@ def _rollback(core: Any, old: Plan | None, st: _State) -> bool:
                 raise RuntimeError(s["error"])
         if old is None:
             st.state, st.bytes_per_rank = "released", ()
+            _released_figures(core)
             return True
         for func, args in (
             (ranks.rank_initialize, (old.worker_configs,)),
@@ -649,12 +652,21 @@ def _rollback(core: Any, old: Plan | None, st: _State) -> bool:
         return True
     except Exception:
         logger.exception("initpipe: the KV cache could not be rolled back")
+        _released_figures(core)
         st.state, st.resume_blocks, st.bytes_per_rank = (
             "released",
             old.num_blocks if old else st.resume_blocks,
             (),
         )
         return False
+
+
+def _released_figures(core: Any) -> None:
+    """While released the engine reports no KV capacity."""
+    cache = core.vllm_config.cache_config
+    cache.num_gpu_blocks = 0
+    cache.kv_cache_size_tokens = 0
+    cache.kv_cache_max_concurrency = 0.0
 
 
 def _remember_size(core: Any, num_blocks: int | None, kv_cache_memory_bytes: int | None) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import gc
 import os
 import time
@@ -32,7 +33,9 @@ from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
+    "freeze_startup_heap",
     "rank_initialize",
+    "rank_requests",
     "rank_status",
     "rank_teardown",
     "rank_warm_up",
@@ -58,10 +61,24 @@ def _rss() -> int | None:
 
 
 def trim_memory() -> None:
-    """Collect garbage and give freed heap pages back to the OS (glibc ``malloc_trim``)."""
-    gc.collect()
+    """Give freed heap pages back to the OS (glibc ``malloc_trim``). The runner's KV
+    teardown already ran ``gc.collect()``, as vLLM's cleanup does."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def freeze_startup_heap() -> bool:
+    """Once per worker process: collect, then move everything alive to the permanent
+    generation, as vLLM's ``EngineCore.__init__`` does for its own process
+    (``freeze_gc_heap``). vLLM does not do it in spawned worker processes, where the KV
+    teardown's ``gc.collect()`` would otherwise walk vLLM's whole startup heap on every
+    resize (about a second here). Objects allocated later are collected as before; True
+    when this call froze the heap."""
+    if gc.get_freeze_count():
+        return False
+    gc.collect()
+    gc.freeze()
+    return True
 
 
 def _kv_bytes(runner: Any) -> int:
@@ -84,15 +101,22 @@ def _failure(rank: int, err: BaseException, step: str) -> dict[str, Any]:
     }
 
 
+@functools.cache
+def _numa_node() -> int:
+    """This worker's NUMA node, as vLLM's CPU worker finds it (``lscpu``: once a process)."""
+    from vllm.utils.cpu_resource_utils import get_allowed_cpu_list
+
+    return int(get_allowed_cpu_list()[0].numa_node)
+
+
 def _available_memory(worker: Any) -> int | None:
     """Memory a new KV cache could take on this rank, read as vLLM's worker reads it."""
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():
-        from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
+        from vllm.utils.cpu_resource_utils import get_memory_node_info
 
-        node = get_allowed_cpu_list()[0].numa_node
-        return int(get_memory_node_info(node).available_memory)
+        return int(get_memory_node_info(_numa_node()).available_memory)
     import torch
 
     free, _total = torch.accelerator.get_memory_info()  # type: ignore[attr-defined]
@@ -105,6 +129,7 @@ def rank_status(wrapper: Any) -> dict[str, Any]:
     try:
         from ..hook.runner import PipelinedRunnerMixin
 
+        froze = freeze_startup_heap()
         runner = worker.model_runner
         batch = getattr(runner, "input_batch", None)
         return {
@@ -120,7 +145,17 @@ def rank_status(wrapper: Any) -> dict[str, Any]:
             "num_blocks": runner.cache_config.num_gpu_blocks,
             "available_memory": _available_memory(worker),
             "rss": _rss(),
+            "froze_heap": froze,
         }
+    except Exception as err:
+        return _failure(rank, err, "status")
+
+
+def rank_requests(wrapper: Any) -> dict[str, Any]:
+    """The requests this rank's runner still holds (cheap: asked again after the pause)."""
+    worker, rank = _worker(wrapper)
+    try:
+        return {"ok": True, "rank": rank, "requests": sorted(worker.model_runner.requests)}
     except Exception as err:
         return _failure(rank, err, "status")
 

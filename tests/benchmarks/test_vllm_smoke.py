@@ -1,6 +1,7 @@
-"""Smoke pass of the vLLM benchmarks (engine, kv, alloc): they run and report every figure.
+"""Smoke pass of the vLLM benchmarks (engine, kv, alloc, resize): they run and report every
+figure.
 
-Runs ``python -m benchmarks --smoke --only engine kv alloc`` in a subprocess (engine starts
+Runs ``python -m benchmarks --smoke --only engine kv alloc resize`` in a subprocess (engine starts
 mutate their process; the benchmarks spawn their own children too) and checks the rows
 exist with positive values. No timing asserts: ratios are benchmark output, not tests.
 """
@@ -28,6 +29,12 @@ EXPECTED = [
     "engine restart / initpipe KV re-init (median)",
     "KV allocation 8 MiB: torch.zeros/initpipe (median)",
     "KV allocation 8 MiB: initpipe/stock (median)",
+    "KV resize, tiny model (median)",
+    "engine restart (LLM() in-process) / KV resize (median)",
+    "engine restart (whole process) / KV resize (median)",
+    "KV resize 64 MiB -> 16 MiB (total)",
+    "RSS returned by the shrink 64 -> 16 MiB / freed KV bytes",
+    "RSS returned by the release of 64 MiB / freed KV bytes",
 ]
 
 
@@ -43,6 +50,7 @@ def test_vllm_benchmarks_run_and_report_every_figure(tmp_path: Path) -> None:
             "engine",
             "kv",
             "alloc",
+            "resize",
             "--out",
             str(tmp_path),
         ],
@@ -59,6 +67,6 @@ def test_vllm_benchmarks_run_and_report_every_figure(tmp_path: Path) -> None:
     for name in EXPECTED:
         assert name in rows, f"missing figure {name!r}; got {sorted(rows)}"
         assert rows[name]["value"] > 0, rows[name]
-    assert {rows[n]["bench"] for n in EXPECTED} == {"engine", "kv", "alloc"}
+    assert {rows[n]["bench"] for n in EXPECTED} == {"engine", "kv", "alloc", "resize"}
     report = (tmp_path / "BENCHMARKS.md").read_text()
     assert "| kv | KV re-init initpipe/stock (median) |" in report

@@ -62,8 +62,9 @@ def site(tmp_path_factory):
 
 def test_initpipe_run_shows_stages_tokens_summary_and_matches_stock(tmp_path):
     trace = tmp_path / "init.json"
+    cmd = ["run", "--compare-stock", "--resize", "128,32", "--trace", str(trace)]
     res = subprocess.run(
-        [sys.executable, "-m", "initpipe.cli", "run", "--compare-stock", "--trace", str(trace)],
+        [sys.executable, "-m", "initpipe.cli", *cmd],
         env=env_for(),
         capture_output=True,
         text=True,
@@ -79,6 +80,11 @@ def test_initpipe_run_shows_stages_tokens_summary_and_matches_stock(tmp_path):
     assert "critical path (" in out and "allocated_kv_caches" in out
     assert "model.layers.0.self_attn.attn" in out and "total (distinct)" in out
     assert "SAME as stock vLLM" in out
+    # --resize: each size's report, then the check against a fresh stock engine of it
+    for before, after in ((64, 128), (128, 32)):
+        assert f"resize (wait): {before} -> {after} blocks" in out
+    for n in (128, 32):
+        assert f"--resize {n}: SAME tokens and logprobs as a fresh stock engine of {n}" in out
     data = json.loads(trace.read_text())
     spans = {e["name"] for e in data["events"] if e["kind"] == "span"}
     assert {

@@ -115,6 +115,19 @@ def test_errors_keep_their_facts_across_processes() -> None:
     assert issubclass(KVCacheReleasedError, RuntimeError)
 
 
+def test_the_released_error_is_also_vllms_graceful_http_error() -> None:
+    from http import HTTPStatus
+
+    from vllm.exceptions import GracefulHTTPError
+
+    from initpipe_vllm.resize.api import released_error
+
+    err = released_error()
+    assert isinstance(err, KVCacheReleasedError) and isinstance(err, GracefulHTTPError)
+    assert err.http_status == HTTPStatus.SERVICE_UNAVAILABLE
+    assert "resume_kv_cache" in str(err) and "resume_kv_cache" in err.message
+
+
 def test_the_cuda_graph_release_drops_every_captured_graph() -> None:
     from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
     from vllm.compilation.cuda_graph import CUDAGraphWrapper

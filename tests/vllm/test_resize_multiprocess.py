@@ -1,0 +1,430 @@
+"""Live resize with the engine core in its own process: ``LLM`` (multiprocess) and ``AsyncLLM``.
+
+vLLM's default: the engine core runs in a spawned process, reached only through the
+``vllm.general_plugins`` entry point ``initpipe_resize`` (which adds the resize utility
+methods) and utility calls by name. One subprocess starts, on tiny-llama with seeded
+KV-sensitive weights and the harness's workload:
+
+- a multiprocess ``LLM`` with the pipelined worker at ``A`` blocks: a request in flight
+  while ``mode="wait"`` resizes to ``B`` finishes first (vLLM's ``pause_scheduler``), then
+  the workload must equal a FRESH stock engine started at ``B`` (tokens,
+  logprobs, cached tokens, ``runner_snapshot`` read through ``collective_rpc``); the
+  frontend's ``cache_config`` (learned once at the handshake) follows; release -> refused
+  ``generate`` -> resume gives the same again; a fault injected into the spawned worker
+  (through ``collective_rpc``) makes a resize fail naming the stage and roll back;
+- an ``AsyncLLM``: a streaming request survives a ``wait`` resize, one is aborted by an
+  ``abort`` resize (its stream ends with ``finish_reason="abort"``), the Prometheus info
+  gauge ``vllm:cache_config_info`` carries the new size, release/resume round-trips and the
+  workload equals the fresh engine's;
+- the oracle is a fresh multiprocess STOCK engine at ``B`` (an in-process one differs in
+  the last float digits); its engine core runs with ``VLLM_PLUGINS=initpipe`` (no
+  ``initpipe_resize``), and a resize of it is refused with a message naming the entry point.
+
+Run as a script (``python test_resize_multiprocess.py OUT.json WEIGHTS_DIR``) it is that
+subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+A, B, C = 24, 12, 40
+MODEL = Path(__file__).resolve().parents[2] / "stages" / "models" / "tiny-llama"
+LONG = 100  # tokens the in-flight requests generate
+
+
+def _snap(worker: Any) -> Any:
+    from initpipe_vllm.testing.snapshot import runner_snapshot
+
+    return runner_snapshot(worker.model_runner)
+
+
+def _error(err: BaseException) -> dict[str, Any]:
+    from initpipe_vllm import KVCacheReleasedError
+
+    return {
+        "type": type(err).__name__,
+        "is_released_error": isinstance(err, KVCacheReleasedError),
+        "message": str(err),
+        "step": getattr(err, "step", None),
+        "stage": getattr(err, "stage", None),
+        "rolled_back": getattr(err, "rolled_back", None),
+    }
+
+
+def _kwargs(folder: Path, extra: dict[str, Any], blocks: int, pipelined: bool) -> dict[str, Any]:
+    from initpipe_vllm.hook import PIPELINED_WORKER
+    from initpipe_vllm.testing.equivalence import workload_engine_kwargs
+
+    kwargs, _ = workload_engine_kwargs(folder, num_gpu_blocks_override=blocks, **extra)
+    if pipelined:
+        kwargs["worker_cls"] = PIPELINED_WORKER
+    return kwargs
+
+
+def _outputs(llm: Any) -> Any:
+    from initpipe_vllm.testing.equivalence import run_workload
+
+    return run_workload(llm, "generate", salt=2)["outputs"]
+
+
+def _prompt(seed: int) -> list[int]:
+    import random
+
+    rng = random.Random(seed)
+    return [rng.randrange(3, 500) for _ in range(150)]
+
+
+def _sync(folder: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams
+
+    import initpipe_vllm as ip
+
+    rec: dict[str, Any] = {}
+    params = SamplingParams(max_tokens=LONG, temperature=0.0, ignore_eos=True, detokenize=False)
+    llm = LLM(**_kwargs(folder, extra, A, pipelined=True))
+    engine = llm.llm_engine
+    rec["frontend_blocks_start"] = engine.vllm_config.cache_config.num_gpu_blocks
+    from vllm.inputs import TokensPrompt as TP
+
+    llm.generate([TP(prompt_token_ids=_prompt(3))], params, use_tqdm=False)  # warm the cache
+    llm.enqueue([TP(prompt_token_ids=_prompt(1))], params, use_tqdm=False)
+    first = engine.step()  # blocks until the engine core sent its first token: in flight
+    shrink = ip.resize_kv_cache(llm, num_blocks=B, mode="wait")
+    rest = llm.wait_for_completion(use_tqdm=False)
+    (waited,) = [o for o in [*first, *rest] if o.finished]
+    rec["shrink"] = {
+        "report": shrink.to_dict(),
+        "info": ip.kv_cache_info(llm).to_dict(),
+        "frontend_blocks": engine.vllm_config.cache_config.num_gpu_blocks,
+        "frontend_tokens": engine.vllm_config.cache_config.kv_cache_size_tokens,
+        "waited_tokens": list(waited.outputs[0].token_ids),
+        "waited_finish": waited.outputs[0].finish_reason,
+        "outputs": _outputs(llm),
+        "runner": llm.collective_rpc(_snap)[0],
+    }
+    rel = ip.release_kv_cache(llm)
+    try:
+        llm.generate([TP(prompt_token_ids=_prompt(1))], params, use_tqdm=False)
+        refused: Any = "served"
+    except Exception as err:
+        refused = _error(err)
+    # past the frontend's guard (another frontend would be): the engine core itself
+    # finishes the request at once with an error, it does not wait for a resume
+    engine._initpipe_released = False
+    try:
+        (past,) = llm.generate([TP(prompt_token_ids=_prompt(1))], params, use_tqdm=False)
+        core_refusal: Any = {
+            "finish": past.outputs[0].finish_reason,
+            "tokens": len(past.outputs[0].token_ids),
+        }
+    except Exception as err:
+        core_refusal = _error(err)
+    engine._initpipe_released = True
+    rec["released"] = {
+        "report": rel.to_dict(),
+        "info": ip.kv_cache_info(llm).to_dict(),
+        "generate": refused,
+        "core_refusal": core_refusal,
+        "frontend_blocks": engine.vllm_config.cache_config.num_gpu_blocks,
+    }
+    resumed = ip.resume_kv_cache(llm)
+    rec["resumed"] = {
+        "report": resumed.to_dict(),
+        "outputs": _outputs(llm),
+        "runner": llm.collective_rpc(_snap)[0],
+    }
+    # a fault in the spawned worker: the stage's next run fails once, the rollback works
+    llm.collective_rpc(_inject, args=("allocated_kv_caches",))
+    try:
+        ip.resize_kv_cache(llm, num_blocks=C)
+        rec["fault"] = {"error": None}
+    except Exception as err:
+        rec["fault"] = {"error": _error(err)}
+    rec["fault"]["info"] = ip.kv_cache_info(llm).to_dict()
+    llm.reset_prefix_cache()
+    rec["fault"]["outputs"] = _outputs(llm)
+    grow = ip.resize_kv_cache(llm, num_blocks=C)
+    rec["grow"] = {"report": grow.to_dict(), "info": ip.kv_cache_info(llm).to_dict()}
+    engine.engine_core.shutdown()
+    return rec
+
+
+def _fresh(folder: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    """The oracle: a fresh stock engine at B, multiprocess too (an in-process engine differs
+    in the last float digits: its thread setup differs). Its engine core loads the worker
+    opt-in plugin only (``VLLM_PLUGINS`` is read when that process starts), so a resize of
+    it shows the refusal a user gets without ``initpipe_resize``."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    import initpipe_vllm as ip
+
+    os.environ["VLLM_PLUGINS"] = "initpipe"
+    fresh = LLM(**_kwargs(folder, extra, B, pipelined=False))
+    del os.environ["VLLM_PLUGINS"]
+    rec = {"outputs": _outputs(fresh), "runner": fresh.collective_rpc(_snap)[0]}
+    params = SamplingParams(max_tokens=LONG, temperature=0.0, ignore_eos=True, detokenize=False)
+    (alone,) = fresh.generate([TokensPrompt(prompt_token_ids=_prompt(1))], params, use_tqdm=False)
+    rec["long_tokens"] = list(alone.outputs[0].token_ids)
+    try:
+        ip.resize_kv_cache(fresh, num_blocks=A)
+        rec["no_plugin"] = "accepted"
+    except Exception as err:
+        rec["no_plugin"] = _error(err)
+    fresh.llm_engine.engine_core.shutdown()
+    return rec
+
+
+def _inject(worker: Any, stage: str) -> None:
+    from initpipe.testing import inject_fault
+
+    inject_fault(worker.model_runner.initpipe_run, stage, times=1)
+
+
+async def _agenerate(engine: Any, prompt: list[int], params: Any, rid: str) -> Any:
+    from vllm.inputs import TokensPrompt
+
+    final = None
+    async for out in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, rid):
+        final = out
+    return final
+
+
+async def _aworkload(engine: Any, facts: dict[str, Any]) -> Any:
+    from vllm import SamplingParams
+
+    from initpipe_vllm.testing.equivalence import _logprobs, workload_requests
+
+    outs = []
+    for i, req in enumerate(workload_requests(facts, 2)):
+        params = SamplingParams(
+            max_tokens=6,
+            temperature=0.0,
+            ignore_eos=True,
+            detokenize=False,
+            logprobs=2,
+            prompt_logprobs=2 if req.get("prompt_logprobs") else None,
+        )
+        out = await _agenerate(engine, req["prompt"], params, f"w{i}")
+        outs.append(
+            {
+                "name": req["name"],
+                "prompt_tokens": len(req["prompt"]),
+                "token_ids": list(out.outputs[0].token_ids),
+                "logprobs": _logprobs(out.outputs[0].logprobs),
+                "prompt_logprobs": _logprobs(out.prompt_logprobs),
+                "num_cached_tokens": out.num_cached_tokens,
+            }
+        )
+    return outs
+
+
+def _facts(worker: Any) -> Any:
+    from initpipe_vllm.testing.equivalence import _kv_facts
+
+    return _kv_facts(worker)
+
+
+async def _async(folder: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    import asyncio
+
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    import initpipe_vllm as ip
+
+    kwargs = _kwargs(folder, extra, A, pipelined=True)
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+    rec: dict[str, Any] = {}
+    try:
+        params = SamplingParams(max_tokens=LONG, temperature=0.0, ignore_eos=True, detokenize=False)
+        facts = (await engine.collective_rpc(_facts))[0]
+
+        async def started(rid: str, seed: int) -> asyncio.Task[Any]:
+            task = asyncio.create_task(_agenerate(engine, _prompt(seed), params, rid))
+            while not engine.output_processor.request_states:  # registered in the frontend
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)  # and running in the engine core
+            return task
+
+        task = await started("inflight-wait", 1)
+        shrink = await ip.resize_kv_cache_async(engine, num_blocks=B, mode="wait")
+        done = await task
+        rec["wait"] = {
+            "report": shrink.to_dict(),
+            "tokens": list(done.outputs[0].token_ids),
+            "finish": done.outputs[0].finish_reason,
+        }
+        task = await started("inflight-abort", 2)
+        aborted = await ip.resize_kv_cache_async(engine, num_blocks=B, mode="abort")
+        done = await task
+        rec["abort"] = {
+            "report": aborted.to_dict(),
+            "finish": done.outputs[0].finish_reason if done is not None else None,
+            "tokens": len(done.outputs[0].token_ids) if done is not None else None,
+        }
+        from prometheus_client import REGISTRY
+
+        labels = [
+            dict(s.labels)
+            for metric in REGISTRY.collect()
+            if metric.name == "vllm:cache_config_info"
+            for s in metric.samples
+        ]
+        rec["gauge"] = labels
+        rel = await ip.release_kv_cache_async(engine)
+        try:
+            await _agenerate(engine, _prompt(1), params, "while-released")
+            refused: Any = "served"
+        except Exception as err:
+            refused = _error(err)
+        rec["released"] = {
+            "report": rel.to_dict(),
+            "info": (await ip.kv_cache_info_async(engine)).to_dict(),
+            "generate": refused,
+        }
+        await ip.resume_kv_cache_async(engine)
+        rec["outputs"] = await _aworkload(engine, facts)
+        rec["info"] = (await ip.kv_cache_info_async(engine)).to_dict()
+    finally:
+        engine.shutdown()
+    return rec
+
+
+def main(out: str, weights_dir: str) -> None:
+    import asyncio
+
+    from initpipe_vllm.testing.equivalence import loadable_model
+
+    with loadable_model(MODEL, weights_dir=weights_dir) as (folder, extra):
+        extra["gpu_memory_utilization"] = 0.3
+        fresh = _fresh(folder, extra)
+        result = _sync(folder, extra)
+        result["async"] = asyncio.run(_async(folder, extra))
+        result["fresh_B"] = fresh
+    Path(out).write_text(json.dumps(result))
+
+
+# -- the tests -----------------------------------------------------------------------------
+def _run(tmp: Path, weights: Path) -> Any:
+    out = tmp / "result.json"
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    # the test reads runner snapshots through collective_rpc with a function: vLLM sends a
+    # function to its engine core process only with pickle allowed (test-only setting)
+    env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    proc = subprocess.run(
+        [sys.executable, __file__, str(out), str(weights)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def sync(tmp_path_factory: pytest.TempPathFactory, seeded_weights_dir: Path) -> Any:
+    return _run(tmp_path_factory.mktemp("resize_mp"), seeded_weights_dir)
+
+
+@pytest.fixture(scope="module")
+def asynced(sync: Any) -> Any:
+    return sync["async"]
+
+
+def _same(a: Any, b: Any) -> list[str]:
+    from initpipe_vllm.testing.snapshot import diff_snapshots
+
+    return diff_snapshots(a, b)
+
+
+def test_multiprocess_resize_waits_for_requests_then_equals_a_fresh_engine(sync: Any) -> None:
+    fresh, shrink = sync["fresh_B"], sync["shrink"]
+    assert sync["frontend_blocks_start"] == A
+    assert (shrink["report"]["blocks_before"], shrink["report"]["blocks_after"]) == (A, B)
+    # the request in flight finished on the old cache with an unresized engine's tokens
+    assert shrink["waited_finish"] == "length"
+    assert shrink["waited_tokens"] == fresh["long_tokens"]
+    assert shrink["report"]["requests_waited"] == []  # it was running, not queued
+    assert shrink["report"]["steps"]["pause"] > 0
+    assert shrink["outputs"][-1]["num_cached_tokens"] > 0
+    assert _same(fresh["outputs"], shrink["outputs"]) == []
+    assert _same(fresh["runner"], shrink["runner"]) == []
+    # the frontend's copy of the config (learned once at the handshake) follows
+    assert shrink["frontend_blocks"] == B and shrink["info"]["num_blocks"] == B
+    assert shrink["frontend_tokens"] == B * shrink["info"]["block_size"]
+
+
+def test_multiprocess_release_refuses_requests_and_resume_equals_a_fresh_engine(
+    sync: Any,
+) -> None:
+    rel, resumed = sync["released"], sync["resumed"]
+    assert rel["info"]["state"] == "released" and rel["frontend_blocks"] == 0
+    assert rel["generate"]["type"] == "KVCacheReleased"
+    assert rel["generate"]["is_released_error"] is True
+    assert rel["core_refusal"] == {"finish": "error", "tokens": 0}
+    assert (resumed["report"]["blocks_before"], resumed["report"]["blocks_after"]) == (0, B)
+    assert _same(sync["fresh_B"]["outputs"], resumed["outputs"]) == []
+    assert _same(sync["fresh_B"]["runner"], resumed["runner"]) == []
+
+
+def test_a_fault_in_a_spawned_worker_rolls_the_resize_back(sync: Any) -> None:
+    fault = sync["fault"]
+    assert fault["error"]["type"] == "ResizeError" and fault["error"]["rolled_back"] is True
+    assert fault["error"]["stage"] == "allocated_kv_caches"
+    assert "'allocated_kv_caches'" in fault["error"]["message"]
+    assert fault["info"]["num_blocks"] == B and fault["info"]["state"] == "serving"
+    assert _same(sync["fresh_B"]["outputs"], fault["outputs"]) == []
+    assert sync["grow"]["info"]["num_blocks"] == C
+
+
+def test_async_llm_waits_aborts_and_reports_the_new_size(asynced: Any, sync: Any) -> None:
+    wait, abort = asynced["wait"], asynced["abort"]
+    assert wait["finish"] == "length" and len(wait["tokens"]) == LONG
+    assert wait["tokens"] == sync["fresh_B"]["long_tokens"]
+    assert abort["finish"] == "abort" and abort["tokens"] < LONG
+    assert len(abort["report"]["requests_aborted"]) == 1
+    assert asynced["gauge"] and all(g["num_gpu_blocks"] == str(B) for g in asynced["gauge"])
+    rel = asynced["released"]
+    assert rel["info"]["state"] == "released"
+    # a GracefulHTTPError too: AsyncLLM.generate passes it through unwrapped (503 over HTTP)
+    assert rel["generate"]["type"] == "KVCacheReleased"
+    assert rel["generate"]["is_released_error"] is True
+    assert "resume_kv_cache" in rel["generate"]["message"]
+    assert asynced["info"]["num_blocks"] == B
+    assert _same(sync["fresh_B"]["outputs"], asynced["outputs"]) == []
+
+
+def test_without_the_resize_plugin_in_the_engine_core_the_resize_says_so() -> None:
+    # vLLM's own words when the engine core lacks the method (seen with VLLM_PLUGINS=initpipe:
+    # EngineCoreProc._invoke_utility_method, then the client raises Exception(message))
+    from initpipe_vllm.resize.api import _plugin_missing
+
+    vllm_says = Exception(
+        "Call to initpipe_resize_kv_cache method failed: 'EngineCoreProc' object has no "
+        "attribute 'initpipe_resize_kv_cache'"
+    )
+    err = _plugin_missing(vllm_says)
+    assert err is not None and type(err).__name__ == "ResizeRefusedError"
+    assert "initpipe_resize" in str(err) and "VLLM_PLUGINS" in str(err)
+    assert _plugin_missing(Exception("Call to reset_prefix_cache method failed")) is None
+
+
+def test_an_engine_core_started_without_the_resize_plugin_refuses_by_name(sync: Any) -> None:
+    out = sync["fresh_B"]["no_plugin"]
+    assert out["type"] == "ResizeRefusedError"
+    assert "initpipe_resize" in out["message"] and "VLLM_PLUGINS" in out["message"]
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
