@@ -61,11 +61,12 @@ def measure(repeats: int, big: int) -> dict[str, Any]:
 
 
 def _returned(report: dict[str, Any]) -> float:
-    """Share of the freed KV bytes the teardown gave back to the OS (RSS drop / freed)."""
+    """Share of the freed KV bytes the teardown gave back to the OS: the worker's RSS drop
+    from before the teardown to right after it (before the new cache is allocated)."""
     rank = report["ranks"][0]
-    if rank["rss_before"] is None or rank["rss_after"] is None or not report["bytes_freed"]:
+    if rank["rss_before"] is None or rank["rss_torn_down"] is None or not report["bytes_freed"]:
         return float("nan")
-    return (rank["rss_before"] - rank["rss_after"]) / report["bytes_freed"]
+    return (rank["rss_before"] - rank["rss_torn_down"]) / report["bytes_freed"]
 
 
 def rows(res: dict[str, Any], llm_s: list[float], wall_s: list[float], source: str) -> list[Row]:
@@ -127,9 +128,11 @@ def rows(res: dict[str, Any], llm_s: list[float], wall_s: list[float], source: s
                 unit="x",
                 target=f">= {goal}",
                 met=share >= goal,
-                detail=f"freed {rep['bytes_freed'] / (1 << 20):.1f} MiB; worker RSS "
-                f"{rank['rss_before'] / (1 << 20):.1f} -> {rank['rss_after'] / (1 << 20):.1f} "
-                f"MiB around the teardown (after malloc_trim)",
+                detail=f"freed {rep['bytes_freed'] / (1 << 20):.1f} MiB, then allocated "
+                f"{rep['bytes_allocated'] / (1 << 20):.1f} MiB; worker RSS "
+                f"{rank['rss_before'] / (1 << 20):.1f} -> {rank['rss_torn_down'] / (1 << 20):.1f}"
+                f" MiB across the teardown, {rank['rss_after'] / (1 << 20):.1f} MiB at the end "
+                f"(after malloc_trim)",
             )
         )
     return out

@@ -365,6 +365,11 @@ def _flush_finished(core: Any) -> None:
                 queue.put_nowait(output)
 
 
+def _workers_apart(core: Any) -> bool:
+    """Whether the workers run in processes of their own (not in the engine core's)."""
+    return type(core.model_executor).__name__ != "UniProcExecutor"
+
+
 def _rpc(core: Any, func: Callable[..., Any], *args: Any) -> list[dict[str, Any]]:
     return list(core.model_executor.collective_rpc(func, args=args))
 
@@ -433,6 +438,7 @@ class _Prepared:
     old: Plan | None
     new: Plan | None
     num_blocks: int | None
+    seconds: float
 
 
 def prepare(
@@ -447,6 +453,7 @@ def prepare(
     Raises:
         ResizeRefusedError: the state, the engine, the size or the memory refuses it.
     """
+    start = time.perf_counter()
     st = _state(core)
     if action == "resize" and st.state == "released":
         raise _refuse("state", "the KV cache is released: call resume_kv_cache(num_blocks=...)")
@@ -454,7 +461,7 @@ def prepare(
         raise _refuse("state", "the KV cache is already released")
     if action == "resume" and st.state != "released":
         raise _refuse("state", "the KV cache is not released (resize it instead)")
-    statuses = _rpc(core, ranks.rank_status)
+    statuses = _rpc(core, ranks.rank_status, _workers_apart(core))
     _check_engine(core, statuses)
     before = 0 if st.state == "released" else int(core.scheduler.kv_cache_config.num_blocks)
     old = plan(core, num_blocks=before) if before else None
@@ -471,7 +478,7 @@ def prepare(
                     f"rank {status['rank']} needs {need:,} bytes for {new.num_blocks} blocks; "
                     f"{status['kv_bytes']:,} are freed first and {room:,} are available",
                 )
-    return _Prepared(statuses, before, old, new, num_blocks)
+    return _Prepared(statuses, before, old, new, num_blocks, time.perf_counter() - start)
 
 
 def resize(
@@ -498,11 +505,13 @@ def resize(
 
     clock = _Clock()
     clock.add("pause", pause_s)
-    clock.start -= pause_s  # the total includes the drain that happened before this call
+    if prepared is not None:  # planned (and paused) before this call: the total includes it
+        clock.start -= pause_s + prepared.seconds
     st = _state(core)
     p = prepared or prepare(
         core, action, num_blocks=num_blocks, kv_cache_memory_bytes=kv_cache_memory_bytes
     )
+    clock.add("plan", p.seconds)
     statuses, before, old, new, num_blocks = p.statuses, p.before, p.old, p.new, p.num_blocks
     sched = core.scheduler
 
@@ -598,6 +607,7 @@ def _teardown(core: Any, clock: _Clock, out: dict[int, dict[str, Any]]) -> None:
                 bytes_freed=s["bytes_freed"],
                 teardown_s=s["seconds"],
                 rss_before=s["rss_before"],
+                rss_torn_down=s["rss_after"],
                 rss_after=s["rss_after"],
             )
     bad = _first_failure(statuses)

@@ -17,7 +17,7 @@ Action = Literal["resize", "release", "resume"]
 State = Literal["serving", "released"]
 
 #: The steps a report times, in the order they run.
-STEPS = ("pause", "teardown", "kv_phase", "warmup", "scheduler", "resume")
+STEPS = ("plan", "pause", "teardown", "kv_phase", "warmup", "scheduler", "resume")
 
 
 @attrs.frozen(kw_only=True)
@@ -29,8 +29,9 @@ class RankReport:
         bytes_freed: KV bytes the teardown released on this rank.
         bytes_allocated: KV bytes the new KV phase allocated on this rank.
         teardown_s / kv_phase_s / warmup_s: seconds of each part on this rank.
-        rss_before / rss_after: resident set size of the worker process (bytes) before the
-            teardown and after the last step, read after ``malloc_trim``; None off Linux.
+        rss_before / rss_torn_down / rss_after: resident set size of the worker process
+            (bytes) before the teardown, right after it (old cache freed, new one not yet
+            allocated) and after the last step, read after ``malloc_trim``; None off Linux.
     """
 
     rank: int
@@ -40,6 +41,7 @@ class RankReport:
     kv_phase_s: float = 0.0
     warmup_s: float = 0.0
     rss_before: int | None = None
+    rss_torn_down: int | None = None
     rss_after: int | None = None
 
 

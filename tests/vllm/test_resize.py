@@ -346,6 +346,7 @@ def test_the_reports_and_info_describe_each_resize(result: Any) -> None:
     assert eng["grow"]["info"]["bytes_per_rank"] == [C * per_block]
     for rep in (shrink, grow):
         assert set(rep["steps"]) == {
+            "plan",
             "pause",
             "teardown",
             "kv_phase",
@@ -354,6 +355,9 @@ def test_the_reports_and_info_describe_each_resize(result: Any) -> None:
             "resume",
         }
         assert 0 < sum(rep["steps"].values()) <= rep["total_s"]
+        assert rep["steps"]["plan"] > 0
+        rank = rep["ranks"][0]
+        assert rank["rss_torn_down"] is not None and rank["rss_after"] is not None
         assert rep["ranks"][0]["kv_phase_s"] > 0
     assert eng["grow"]["info"]["last_report"] == grow
 
