@@ -3,7 +3,8 @@
 What belongs here: everything a resize does above the runner — the public API
 (:mod:`.api`, re-exported at ``initpipe_vllm``'s top level), the engine-core side that
 plans the new cache with vLLM's functions and rebuilds the scheduler's KV cache manager
-(:mod:`.engine`, the one module that patches vLLM's ``EngineCore``), the worker side run on
+(:mod:`.engine`, the one module that patches vLLM's ``EngineCore``; its replays of vLLM's
+planning and scheduler set-up are in :mod:`.replay`), the worker side run on
 every rank through ``collective_rpc`` (:mod:`.rank`), and the records they return
 (:mod:`.report`). The KV phase itself is the catalog's: torn down and re-run by the
 pipelined runner.

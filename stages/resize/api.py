@@ -99,7 +99,10 @@ def _client(engine: Any, *, is_async: bool) -> Any:
 
 
 def _plugin_missing(err: BaseException) -> ResizeRefusedError | None:
-    if RESIZE_METHOD not in str(err) and INFO_METHOD not in str(err):
+    """The refusal to raise when ``err`` is vLLM saying the engine core lacks our method
+    (any other failure of the call is left as it is)."""
+    text = str(err)
+    if not any(f"has no attribute '{m}'" in text for m in (RESIZE_METHOD, INFO_METHOD)):
         return None
     import os
 

@@ -13,15 +13,9 @@ pool, prefix cache) with no way to swap it. So :func:`install` adds two methods 
 ``EngineCore`` — :data:`RESIZE_METHOD` and :data:`INFO_METHOD` — and nothing else; it
 refuses another vLLM version. The scheduler is kept (its queues and finished-request ids
 live on it); its ``KVCacheManager`` is replaced and every attribute ``Scheduler.__init__``
-derives from the KV config is recomputed here (:func:`rebuild_scheduler_kv`), as vLLM
-0.32.0's ``vllm/v1/core/sched/scheduler.py`` computes them.
-
-The planning replays ``EngineCore._initialize_kv_caches`` after the specs:
-``get_kv_cache_configs`` (with ``num_gpu_blocks_override`` for a block count, or the byte
-size as the available memory), the layout, ``generate_scheduler_kv_cache_config``, the
-block size, ``update_kv_cache_capacity``, ``hash_block_size`` and
-``cache_hit_alignment_tokens``; each worker then gets its config through vLLM's
-``Worker.initialize_from_config``.
+derives from the KV config is recomputed, and the new cache is planned as
+``EngineCore._initialize_kv_caches`` plans it: both replays live in :mod:`.replay`. Each
+worker then gets its config through vLLM's ``Worker.initialize_from_config``.
 
 Results are plain dicts (``{"ok": True, "report": ...}`` or ``{"ok": False, "error":
 ...}``): a utility call's value crosses the process boundary as plain data, and an
@@ -30,10 +24,11 @@ exception would arrive as a bare message.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, NoReturn
 
@@ -43,6 +38,7 @@ from ..errors import ResizeError, ResizeRefusedError
 from ..hook import PIPELINED_WORKER
 from ..hook.worker import SUPPORTED_VLLM
 from . import rank as ranks
+from .replay import Plan, plan, rebuild_scheduler_kv, refuse
 from .report import STEPS, KVCacheInfo, RankReport, ResizeReport
 
 __all__ = [
@@ -50,13 +46,10 @@ __all__ = [
     "INFO_METHOD",
     "PLUGIN_NAME",
     "RESIZE_METHOD",
-    "Plan",
     "error_from_dict",
     "install",
     "kv_info",
-    "plan",
     "prepare",
-    "rebuild_scheduler_kv",
     "register",
     "resize",
 ]
@@ -122,186 +115,6 @@ def error_from_dict(data: dict[str, Any]) -> ResizeError:
     )
 
 
-def _refuse(step: str, reason: str) -> ResizeRefusedError:
-    return ResizeRefusedError(
-        f"KV cache resize refused ({step}): {reason}. Nothing changed; the engine serves on "
-        "at its current size.",
-        step=step,
-        reason=reason,
-    )
-
-
-# -- planning -----------------------------------------------------------------------------
-@attrs.frozen
-class Plan:
-    """A planned KV cache: every worker's config and the scheduler's."""
-
-    worker_configs: list[Any]
-    scheduler_config: Any
-    block_size: int
-    scheduler_block_size: int
-    hash_block_size: int
-
-    @property
-    def num_blocks(self) -> int:
-        return int(self.scheduler_config.num_blocks)
-
-    def bytes_per_rank(self) -> tuple[int, ...]:
-        return tuple(sum(int(t.size) for t in c.kv_cache_tensors) for c in self.worker_configs)
-
-
-def plan(
-    core: Any, *, num_blocks: int | None = None, kv_cache_memory_bytes: int | None = None
-) -> Plan:
-    """Plan a KV cache of ``num_blocks`` blocks or ``kv_cache_memory_bytes`` bytes per rank
-    with vLLM's own functions, as ``EngineCore._initialize_kv_caches`` does at start.
-
-    Raises:
-        ResizeRefusedError: the size cannot serve ``max_model_len`` (vLLM's message), or
-            the engine's ``max_model_len`` was auto-fitted (planning would change it).
-    """
-    from vllm.v1.core.kv_cache_utils import (
-        generate_scheduler_kv_cache_config,
-        get_kv_cache_configs,
-        resolve_cache_hit_alignment_tokens,
-        resolve_kv_cache_block_sizes,
-    )
-
-    vllm_config = core.vllm_config
-    cache = vllm_config.cache_config
-    if vllm_config.model_config.original_max_model_len == -1:
-        raise _refuse(
-            "planning",
-            "max_model_len was auto-fitted to the KV cache at start (max_model_len=-1); a new "
-            "size would silently change it. Start the engine with an explicit max_model_len",
-        )
-    specs = core.model_executor.get_kv_cache_specs()
-    saved = cache.num_gpu_blocks_override
-    try:
-        if num_blocks is not None:
-            cache.num_gpu_blocks_override = num_blocks
-            available = [max(int(core.available_gpu_memory_for_kv_cache), 1)] * len(specs)
-        else:
-            cache.num_gpu_blocks_override = None
-            available = [int(kv_cache_memory_bytes or 0)] * len(specs)
-        configs = get_kv_cache_configs(vllm_config, specs, available)
-    except ValueError as err:
-        raise _refuse("planning", str(err)) from None
-    finally:
-        cache.num_gpu_blocks_override = saved
-    for cfg in configs:
-        cfg.kv_cache_layout = cache.kv_cache_layout
-    sched_cfg = generate_scheduler_kv_cache_config(configs)
-    groups = sched_cfg.kv_cache_groups
-    if not groups:
-        raise _refuse("planning", "the model has no KV cache (attention-free or encoder-only)")
-    participating = [g.kv_cache_spec.block_size for g in groups if g.kv_cache_spec.prefix_cacheable]
-    block_size = min(participating or [g.kv_cache_spec.block_size for g in groups])
-    if block_size != cache.block_size:
-        raise _refuse(
-            "planning",
-            f"the new plan has block size {block_size}, the engine {cache.block_size}; a resize "
-            "keeps the block size",
-        )
-    if sched_cfg.num_blocks < 2:
-        raise _refuse("planning", f"{sched_cfg.num_blocks} block(s): vLLM needs at least 2")
-    scheduler_block_size, hash_block_size = resolve_kv_cache_block_sizes(sched_cfg, vllm_config)
-    alignment = resolve_cache_hit_alignment_tokens(
-        sched_cfg, vllm_config, scheduler_block_size, hash_block_size
-    )
-    for cfg in (*configs, sched_cfg):
-        cfg.hash_block_size = hash_block_size
-        cfg.cache_hit_alignment_tokens = alignment
-    return Plan(configs, sched_cfg, block_size, scheduler_block_size, hash_block_size)
-
-
-# -- the scheduler ------------------------------------------------------------------------
-def rebuild_scheduler_kv(core: Any, new: Plan) -> None:
-    """Give the scheduler a new ``KVCacheManager`` for ``new``; recompute what derives from
-    the KV config, exactly as ``Scheduler.__init__`` (vLLM 0.32.0) does; re-bind the
-    connector; update the engine's capacity figures. Builds first, assigns last."""
-    from vllm.utils.math_utils import cdiv
-    from vllm.v1.core.kv_cache_manager import KVCacheManager
-    from vllm.v1.core.kv_cache_utils import update_kv_cache_capacity
-    from vllm.v1.kv_cache_interface import MambaSpec
-
-    sched = core.scheduler
-    vllm_config = core.vllm_config
-    cache = vllm_config.cache_config
-    cfg = new.scheduler_config
-    manager = KVCacheManager(
-        kv_cache_config=cfg,
-        max_model_len=sched.max_model_len,
-        max_in_flight_tokens=vllm_config.max_in_flight_tokens,
-        enable_caching=cache.enable_prefix_caching,
-        use_eagle=sched.use_eagle_block_drop,
-        num_prefill_lookahead=sched.num_prefill_lookahead,
-        log_stats=sched.log_stats,
-        enable_kv_cache_events=sched.enable_kv_cache_events,
-        dcp_world_size=sched.dcp_world_size,
-        pcp_world_size=1,
-        scheduler_block_size=new.scheduler_block_size,
-        hash_block_size=new.hash_block_size,
-        metrics_collector=sched.kv_metrics_collector,
-        watermark=sched.scheduler_config.watermark,
-        enable_mamba_shared_prefix_checkpoint=cache.enable_mamba_shared_prefix_checkpoint,
-    )
-    groups = cfg.kv_cache_groups
-    replay_ids = tuple(i for i, g in enumerate(groups) if g.kv_cache_spec.prefix_replay_tokens > 0)
-    windows = {groups[i].kv_cache_spec.prefix_replay_tokens for i in replay_ids}
-    num_spec = (
-        1 + sched.num_spec_tokens + sched.num_lookahead_tokens if sched.num_spec_tokens else 0
-    )
-    spec_step_blocks = sum(
-        cdiv(num_spec, m.block_size)
-        for m in manager.coordinator.single_type_managers
-        if not isinstance(m.kv_cache_spec, MambaSpec)
-    )
-    # -- assign (nothing above touched the scheduler) --
-    sched.kv_cache_config = cfg
-    sched.block_size = new.scheduler_block_size
-    sched.hash_block_size = new.hash_block_size
-    sched.prefix_replay_group_ids = replay_ids
-    sched.prefix_replay_tokens = windows.pop() if windows else 0
-    sched.kv_cache_manager = manager
-    sched._spec_decode_step_blocks = spec_step_blocks
-    if sched.connector is not None:
-        sched.connector.bind_kv_cache_manager(manager)
-    sched.has_mamba_layers = cfg.has_mamba_layers
-    sched.needs_kv_cache_zeroing = cfg.needs_kv_cache_zeroing
-    sched.need_mamba_block_aligned_split = (
-        sched.has_mamba_layers and cache.mamba_cache_mode == "align"
-    )
-    sched.mamba_prefill_checkpoint_alignment = next(
-        (
-            g.kv_cache_spec.prefill_checkpoint_alignment
-            for g in groups
-            if isinstance(g.kv_cache_spec, MambaSpec)
-        ),
-        None,
-    )
-    sched.mamba_has_prefill_checkpoint_blocks = sched.has_mamba_layers and all(
-        not isinstance(g.kv_cache_spec, MambaSpec)
-        or g.kv_cache_spec.num_prefill_checkpoint_blocks > 0
-        for g in groups
-    )
-    sched.mamba_partial_cache_hit = (
-        sched.need_mamba_block_aligned_split
-        and sched.hash_block_size < sched.block_size
-        and manager.coordinator.enable_partial_hash_hits
-    )
-    sched.mamba_shared_prefix_checkpoint = (
-        sched.mamba_partial_cache_hit and manager.mamba_shared_prefix_checkpoint
-    )
-    # -- the engine's figures (EngineCore._initialize_kv_caches) --
-    cache.num_gpu_blocks = cfg.num_blocks
-    cache.block_size = new.block_size
-    cache.hash_block_size = new.hash_block_size
-    cache.cache_hit_alignment_tokens = cfg.cache_hit_alignment_tokens
-    update_kv_cache_capacity(vllm_config, cfg)
-    core._initialize_effective_attention_block_size()
-
-
 # -- checks -------------------------------------------------------------------------------
 def _qualname(obj: Any) -> str:
     cls = type(obj)
@@ -312,32 +125,32 @@ def _check_engine(core: Any, statuses: list[dict[str, Any]]) -> None:
     import vllm
 
     if vllm.__version__ != SUPPORTED_VLLM:
-        raise _refuse(
+        raise refuse(
             "engine", f"vLLM {vllm.__version__} is installed; resize covers {SUPPORTED_VLLM}"
         )
     parallel = core.vllm_config.parallel_config
     if parallel.data_parallel_size > 1:
-        raise _refuse(
+        raise refuse(
             "engine",
             f"data_parallel_size={parallel.data_parallel_size}: data parallelism is not "
             "supported (each DP engine has its own scheduler); resize each engine separately",
         )
     if _qualname(core.scheduler) not in _SCHEDULERS:
-        raise _refuse("engine", f"scheduler {_qualname(core.scheduler)} is not vLLM's own")
+        raise refuse("engine", f"scheduler {_qualname(core.scheduler)} is not vLLM's own")
     connector = core.scheduler.connector
     if connector is not None and type(connector).__name__ not in _CONNECTORS:
-        raise _refuse(
+        raise refuse(
             "engine",
             f"KV connector {type(connector).__name__} cannot follow a new KV cache (supported: "
             f"none, {', '.join(_CONNECTORS)})",
         )
     if core.batch_queue:
-        raise _refuse("engine", "batches are in flight in the batch queue")
+        raise refuse("engine", "batches are in flight in the batch queue")
     for st in statuses:
         if not st["ok"]:
-            raise _refuse("engine", f"rank {st['rank']} could not report: {st['error']}")
+            raise refuse("engine", f"rank {st['rank']} could not report: {st['error']}")
         if not st["pipelined"]:
-            raise _refuse(
+            raise refuse(
                 "engine",
                 f"rank {st['rank']} runs {st['worker_class']} (runner {st['runner_class']}), "
                 f"not initpipe's pipelined worker: {_HOW_TO_START}",
@@ -387,17 +200,13 @@ class _Clock:
     def add(self, step: str, seconds: float) -> None:
         self.steps[step] += seconds
 
-    def timed(self, step: str) -> Any:
-        clock = self
-
-        class _T:
-            def __enter__(self) -> None:
-                self.t = time.perf_counter()
-
-            def __exit__(self, *exc: object) -> None:
-                clock.add(step, time.perf_counter() - self.t)
-
-        return _T()
+    @contextlib.contextmanager
+    def timed(self, step: str) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(step, time.perf_counter() - t)
 
 
 class _StepFailed(Exception):
@@ -456,11 +265,11 @@ def prepare(
     start = time.perf_counter()
     st = _state(core)
     if action == "resize" and st.state == "released":
-        raise _refuse("state", "the KV cache is released: call resume_kv_cache(num_blocks=...)")
+        raise refuse("state", "the KV cache is released: call resume_kv_cache(num_blocks=...)")
     if action == "release" and st.state == "released":
-        raise _refuse("state", "the KV cache is already released")
+        raise refuse("state", "the KV cache is already released")
     if action == "resume" and st.state != "released":
-        raise _refuse("state", "the KV cache is not released (resize it instead)")
+        raise refuse("state", "the KV cache is not released (resize it instead)")
     statuses = _rpc(core, ranks.rank_status, _workers_apart(core))
     _check_engine(core, statuses)
     before = 0 if st.state == "released" else int(core.scheduler.kv_cache_config.num_blocks)
@@ -473,7 +282,7 @@ def prepare(
         for status, need in zip(statuses, new.bytes_per_rank(), strict=True):
             room = status["available_memory"]
             if room is not None and need - status["kv_bytes"] > room:
-                raise _refuse(
+                raise refuse(
                     "memory",
                     f"rank {status['rank']} needs {need:,} bytes for {new.num_blocks} blocks; "
                     f"{status['kv_bytes']:,} are freed first and {room:,} are available",
@@ -522,7 +331,7 @@ def resize(
     with clock.timed("pause"):
         held = _held_requests(sched)
         if held:
-            raise _refuse(
+            raise refuse(
                 "requests",
                 f"requests {held} hold KV blocks; in-process a resize cannot wait for them: "
                 "let them finish (LLM.wait_for_completion()) or pass mode='abort'",
@@ -533,12 +342,12 @@ def resize(
             _flush_finished(core)
             busy = [s for s in _rpc(core, ranks.rank_requests) if s["ok"] and s["requests"]]
             if busy:
-                raise _refuse(
+                raise refuse(
                     "requests",
                     f"rank {busy[0]['rank']}'s runner still holds requests {busy[0]['requests']}",
                 )
             if before and not sched.reset_prefix_cache():
-                raise _refuse("requests", "the prefix cache could not be reset")
+                raise refuse("requests", "the prefix cache could not be reset")
         except BaseException:
             sched.set_pause_state(prior_pause)
             raise
@@ -811,7 +620,7 @@ def _resize_method(
         pending = self.pause_scheduler(mode=mode, clear_cache=False)
     except Exception as err:
         sched.set_pause_state(prior)
-        return _answer(self, functools.partial(_raise, _refuse("requests", str(err))))
+        return _answer(self, functools.partial(_raise, refuse("requests", str(err))))
     if pending is None:
         return _answer(self, run)
     out: Future[dict[str, Any]] = Future()
@@ -821,7 +630,7 @@ def _resize_method(
             f.result()
         except Exception as err:
             sched.set_pause_state(prior)
-            out.set_result(_answer(self, functools.partial(_raise, _refuse("requests", str(err)))))
+            out.set_result(_answer(self, functools.partial(_raise, refuse("requests", str(err)))))
             return
         out.set_result(_answer(self, run))
 

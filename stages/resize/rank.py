@@ -250,36 +250,38 @@ def rank_initialize(wrapper: Any, kv_cache_configs: list[Any]) -> dict[str, Any]
         return status
 
 
+@contextlib.contextmanager
+def _workspace_unlocked() -> Iterator[None]:
+    """GPU: vLLM's workspace unlocked around a re-capture (the builders' buffers may grow
+    with the new cache) and locked again, as its elastic-EP path does; else nothing."""
+    from vllm.platforms import current_platform
+
+    if not (current_platform.is_cuda_alike() or current_platform.is_xpu()):
+        yield
+        return
+    from vllm.v1.worker.workspace import (
+        is_workspace_manager_initialized,
+        lock_workspace,
+        unlock_workspace,
+    )
+
+    if not is_workspace_manager_initialized():
+        yield
+        return
+    unlock_workspace()
+    try:
+        yield
+    finally:
+        lock_workspace()
+
+
 def rank_warm_up(wrapper: Any) -> dict[str, Any]:
     """vLLM's warm-up after a new KV cache (on GPU: re-capture the CUDA graphs)."""
     worker, rank = _worker(wrapper)
     start = time.perf_counter()
     try:
-        from vllm.platforms import current_platform
-
-        with _vllm_config(worker):
-            if current_platform.is_cuda_alike() or current_platform.is_xpu():
-                from vllm.v1.worker.workspace import (
-                    is_workspace_manager_initialized,
-                    lock_workspace,
-                    unlock_workspace,
-                )
-
-                if not is_workspace_manager_initialized():
-                    worker.compile_or_warm_up_model()
-                    return {
-                        "ok": True,
-                        "rank": rank,
-                        "seconds": time.perf_counter() - start,
-                        "rss_after": _rss(),
-                    }
-                unlock_workspace()  # the builders' buffers may grow with the new cache
-                try:
-                    worker.compile_or_warm_up_model()
-                finally:
-                    lock_workspace()
-            else:
-                worker.compile_or_warm_up_model()
+        with _vllm_config(worker), _workspace_unlocked():
+            worker.compile_or_warm_up_model()
         trim_memory()
         return {
             "ok": True,
