@@ -30,6 +30,7 @@ BENCHES = {
     "alloc": "KV allocation at size vs stock and vs torch.zeros",
     "soak": "KV re-init soak: leaks and RSS growth",
     "resize": "Live KV resize vs an engine restart; memory a shrink or release returns",
+    "serve": "KV resize over HTTP vs a server restart",
 }
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ catalog itself — stages and the values they pass — and nothing else:
 - :mod:`.errors` — the catalog's error tree (rooted in ``initpipe.InitpipeError``).
 
 Around it, one folder per concern, imports pointing down (catalog <- hook <- resize <-
-testing <- tools):
+serve <- testing <- tools):
 
 - ``hook/`` — the vLLM integration: pipelined runner and worker, plugin, progress;
 - ``testing/`` — the test kit: pytest plugin, ``runner_snapshot``, the stock-vs-pipelined
@@ -27,6 +27,8 @@ testing <- tools):
 - ``resize/`` — live resize of a running engine's KV cache (the public
   ``resize_kv_cache``, ``release_kv_cache``, ``resume_kv_cache``, ``kv_cache_info``,
   re-exported here lazily);
+- ``serve/`` — the same over HTTP: ``initpipe_vllm.serve.kv_cache_routes``, middleware for
+  ``vllm serve --middleware``;
 - ``tools/`` — ``initpipe run`` and ``initpipe plan``;
 - ``models/`` — the embedded tiny model configs.
 

@@ -7,7 +7,7 @@ Layers, lowest first:
 - ``initpipe``: core (``initpipe``, ``initpipe._*``, ``errors``, ``files``, ``testing``)
   <- ``initpipe.view`` <- ``initpipe.cli``;
 - ``initpipe_vllm``: the catalog (the package, its stage modules, ``types``, ``errors``)
-  <- ``hook`` (with the ``worker``/``runner`` re-exports) <- ``resize`` <- ``testing``
+  <- ``hook`` (with the ``worker``/``runner`` re-exports) <- ``resize`` <- ``serve`` <- ``testing``
   (with the ``pytest_plugin`` re-export) <- ``tools``;
 - one exception, declared in :data:`FACADES`: the package ``initpipe_vllm`` re-exports the
   public resize API from ``resize`` lazily (PEP 562 ``__getattr__``). Imports inside a
@@ -112,8 +112,9 @@ def _layer(mod: str) -> tuple[int, int]:
     """(package, layer): a module may import only its own package's layers at or below."""
     if mod.startswith("initpipe_vllm"):
         rules = [
-            (r"initpipe_vllm\.tools\b", 4),
-            (r"initpipe_vllm\.(testing|pytest_plugin)\b", 3),
+            (r"initpipe_vllm\.tools\b", 5),
+            (r"initpipe_vllm\.(testing|pytest_plugin)\b", 4),
+            (r"initpipe_vllm\.serve\b", 3),
             (r"initpipe_vllm\.resize\b", 2),
             (r"initpipe_vllm\.(hook|worker|runner)\b", 1),
             (r"initpipe_vllm\b", 0),

@@ -134,8 +134,9 @@ def _released_class() -> type[KVCacheReleasedError]:
 def released_error() -> KVCacheReleasedError:
     """The error a request gets while the KV cache is released."""
     return _released_class()(
-        "the engine's KV cache is released (initpipe_vllm.release_kv_cache): call "
-        "initpipe_vllm.resume_kv_cache(llm) before generating"
+        "the engine's KV cache is released (initpipe_vllm.release_kv_cache): resume it "
+        "before generating: initpipe_vllm.resume_kv_cache(llm), or over HTTP POST "
+        "/initpipe/kv_cache/resume"
     )
 
 

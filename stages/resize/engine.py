@@ -38,7 +38,7 @@ from ..errors import ResizeError, ResizeRefusedError
 from ..hook import PIPELINED_WORKER
 from ..hook.worker import SUPPORTED_VLLM
 from . import rank as ranks
-from .replay import Plan, plan, rebuild_scheduler_kv, refuse
+from .replay import Plan, plan, plan_or_explain, rebuild_scheduler_kv, refuse
 from .report import STEPS, KVCacheInfo, RankReport, ResizeReport
 
 __all__ = [
@@ -80,6 +80,8 @@ class _State:
     user_pause: Any = None
     bytes_per_rank: tuple[int, ...] = ()
     last_report: ResizeReport | None = None
+    #: the action accepted and not yet answered (a second one is refused meanwhile)
+    busy: str | None = None
 
 
 def _state(core: Any) -> _State:
@@ -145,7 +147,7 @@ def _check_engine(core: Any, statuses: list[dict[str, Any]]) -> None:
             f"none, {', '.join(_CONNECTORS)})",
         )
     if core.batch_queue:
-        raise refuse("engine", "batches are in flight in the batch queue")
+        raise refuse("requests", "batches are in flight in the batch queue")
     for st in statuses:
         if not st["ok"]:
             raise refuse("engine", f"rank {st['rank']} could not report: {st['error']}")
@@ -278,7 +280,9 @@ def prepare(
     if action == "resume" and num_blocks is None and kv_cache_memory_bytes is None:
         num_blocks = st.resume_blocks
     if action != "release":
-        new = plan(core, num_blocks=num_blocks, kv_cache_memory_bytes=kv_cache_memory_bytes)
+        new = plan_or_explain(
+            core, num_blocks=num_blocks, kv_cache_memory_bytes=kv_cache_memory_bytes
+        )
         for status, need in zip(statuses, new.bytes_per_rank(), strict=True):
             room = status["available_memory"]
             if room is not None and need - status["kv_bytes"] > room:
@@ -507,7 +511,7 @@ def kv_info(core: Any) -> KVCacheInfo:
     if not released and not per_rank:
         per_rank = tuple(s["kv_bytes"] for s in _rpc(core, ranks.rank_status))
     return KVCacheInfo(
-        state="released" if released else "serving",
+        state="resizing" if st.busy else "released" if released else "serving",
         num_blocks=0 if released else int(cfg.num_blocks),
         free_blocks=0
         if released
@@ -571,6 +575,14 @@ def _refuse_adds_while_released(core: Any) -> None:
     core.add_request = add_request
 
 
+def _busy_refusal(running: str, action: str) -> ResizeRefusedError:
+    return refuse(
+        "state",
+        f"another {running} of the KV cache is running (state 'resizing'); this {action} "
+        "was not started: retry once it has answered",
+    )
+
+
 def _resize_method(
     self: Any,
     action: str,
@@ -587,14 +599,23 @@ def _resize_method(
         "num_blocks": num_blocks,
         "kv_cache_memory_bytes": kv_cache_memory_bytes,
     }
+    st = _state(self)
+    if st.busy is not None:
+        return _answer(self, functools.partial(_raise, _busy_refusal(st.busy, action)))
+    st.busy = action
+
+    def done(run: Callable[[], ResizeReport]) -> dict[str, Any]:
+        try:
+            return _answer(self, run)
+        finally:
+            st.busy = None
+
     if action == "resume" or not _in_own_process(self):
-        return _answer(
-            self, lambda: resize(self, action, mode=mode, aborted=tuple(aborted or ()), **kwargs)
-        )
+        return done(lambda: resize(self, action, mode=mode, aborted=tuple(aborted or ()), **kwargs))
     try:
         prepared = prepare(self, action, **kwargs)
     except ResizeError as err:
-        return _answer(self, functools.partial(_raise, err))
+        return done(functools.partial(_raise, err))
     sched = self.scheduler
     prior = sched.pause_state
     gone = (
@@ -620,9 +641,9 @@ def _resize_method(
         pending = self.pause_scheduler(mode=mode, clear_cache=False)
     except Exception as err:
         sched.set_pause_state(prior)
-        return _answer(self, functools.partial(_raise, refuse("requests", str(err))))
+        return done(functools.partial(_raise, refuse("requests", str(err))))
     if pending is None:
-        return _answer(self, run)
+        return done(run)
     out: Future[dict[str, Any]] = Future()
 
     def paused(f: Future[Any]) -> None:
@@ -630,9 +651,9 @@ def _resize_method(
             f.result()
         except Exception as err:
             sched.set_pause_state(prior)
-            out.set_result(_answer(self, functools.partial(_raise, refuse("requests", str(err)))))
+            out.set_result(done(functools.partial(_raise, refuse("requests", str(err)))))
             return
-        out.set_result(_answer(self, run))
+        out.set_result(done(run))
 
     pending.add_done_callback(paused)
     return out

@@ -16,14 +16,14 @@ import attrs
 
 from ..errors import ResizeRefusedError
 
-__all__ = ["Plan", "plan", "rebuild_scheduler_kv", "refuse"]
+__all__ = ["Plan", "plan", "plan_or_explain", "rebuild_scheduler_kv", "refuse"]
 
 
 def refuse(step: str, reason: str) -> ResizeRefusedError:
     """The refusal of a resize before anything changed, naming the step and the reason."""
     return ResizeRefusedError(
-        f"KV cache resize refused ({step}): {reason}. Nothing changed; the engine serves on "
-        "at its current size.",
+        f"KV cache resize refused ({step}): {reason.rstrip('. ')}. Nothing changed; the engine "
+        "serves on at its current size.",
         step=step,
         reason=reason,
     )
@@ -111,6 +111,66 @@ def plan(
         cfg.hash_block_size = hash_block_size
         cfg.cache_hit_alignment_tokens = alignment
     return Plan(configs, sched_cfg, block_size, scheduler_block_size, hash_block_size)
+
+
+def _smallest(core: Any, *, limit: int = 1 << 24) -> Plan | None:
+    """The smallest plan (in blocks) vLLM accepts for this engine, by doubling then
+    bisecting ``num_blocks`` (planning is pure and takes milliseconds); None if none up to
+    ``limit`` blocks is accepted."""
+
+    def attempt(n: int) -> Plan | None:
+        try:
+            return plan(core, num_blocks=n)
+        except ResizeRefusedError:
+            return None
+
+    low, high = 1, 2
+    found = attempt(high)
+    while found is None:
+        low, high = high, high * 2
+        if high > limit:
+            return None
+        found = attempt(high)
+    while high - low > 1:
+        mid = (low + high) // 2
+        p = attempt(mid)
+        if p is None:
+            low = mid
+        else:
+            high, found = mid, p
+    return found
+
+
+def plan_or_explain(
+    core: Any, *, num_blocks: int | None = None, kv_cache_memory_bytes: int | None = None
+) -> Plan:
+    """:func:`plan`; when vLLM refuses a size as too small, the refusal also names the
+    smallest size that would work (vLLM's own message says only what it needs in GiB,
+    rounded: "0.0 GiB" on a small model, or "No available memory")."""
+    try:
+        return plan(core, num_blocks=num_blocks, kv_cache_memory_bytes=kv_cache_memory_bytes)
+    except ResizeRefusedError as err:
+        if err.step != "planning" or (num_blocks is None and kv_cache_memory_bytes is None):
+            raise
+        least = _smallest(core)
+        if least is None:
+            raise
+        need = least.bytes_per_rank()[0]
+        if num_blocks is not None:
+            if num_blocks >= least.num_blocks:
+                raise
+            asked = f"num_blocks={num_blocks}"
+        else:
+            if kv_cache_memory_bytes is not None and kv_cache_memory_bytes >= need:
+                raise
+            asked = f"kv_cache_memory_bytes={kv_cache_memory_bytes:,}"
+        model_len = core.vllm_config.model_config.max_model_len
+        raise refuse(
+            "planning",
+            f"{asked} is too small: the smallest KV cache that serves max_model_len="
+            f"{model_len} is num_blocks={least.num_blocks} ({need:,} bytes per rank). "
+            f"vLLM says: {err.reason}",
+        ) from None
 
 
 # -- the scheduler ------------------------------------------------------------------------

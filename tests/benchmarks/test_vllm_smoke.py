@@ -1,7 +1,7 @@
-"""Smoke pass of the vLLM benchmarks (engine, kv, alloc, resize): they run and report every
-figure.
+"""Smoke pass of the vLLM benchmarks (engine, kv, alloc, resize, serve): they run and report
+every figure.
 
-Runs ``python -m benchmarks --smoke --only engine kv alloc resize`` in a subprocess (engine starts
+Runs ``python -m benchmarks --smoke --only engine kv alloc resize serve`` in a subprocess (engine starts
 mutate their process; the benchmarks spawn their own children too) and checks the rows
 exist with positive values. No timing asserts: ratios are benchmark output, not tests.
 """
@@ -35,6 +35,8 @@ EXPECTED = [
     "KV resize 64 MiB -> 16 MiB (total)",
     "RSS returned by the shrink 64 -> 16 MiB / freed KV bytes",
     "RSS returned by the release of 64 MiB / freed KV bytes",
+    "KV resize over HTTP, tiny model (median)",
+    "server restart / KV resize over HTTP (median)",
 ]
 
 
@@ -51,6 +53,7 @@ def test_vllm_benchmarks_run_and_report_every_figure(tmp_path: Path) -> None:
             "kv",
             "alloc",
             "resize",
+            "serve",
             "--out",
             str(tmp_path),
         ],
@@ -58,7 +61,7 @@ def test_vllm_benchmarks_run_and_report_every_figure(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
     assert res.returncode == 0, res.stderr[-3000:]
     data = json.loads((tmp_path / "benchmarks.json").read_text())
@@ -67,6 +70,6 @@ def test_vllm_benchmarks_run_and_report_every_figure(tmp_path: Path) -> None:
     for name in EXPECTED:
         assert name in rows, f"missing figure {name!r}; got {sorted(rows)}"
         assert rows[name]["value"] > 0, rows[name]
-    assert {rows[n]["bench"] for n in EXPECTED} == {"engine", "kv", "alloc", "resize"}
+    assert {rows[n]["bench"] for n in EXPECTED} == {"engine", "kv", "alloc", "resize", "serve"}
     report = (tmp_path / "BENCHMARKS.md").read_text()
     assert "| kv | KV re-init initpipe/stock (median) |" in report

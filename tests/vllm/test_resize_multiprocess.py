@@ -37,7 +37,7 @@ import pytest
 
 A, B, C = 24, 12, 40
 MODEL = Path(__file__).resolve().parents[2] / "stages" / "models" / "tiny-llama"
-LONG = 100  # tokens the in-flight requests generate
+LONG = 300  # tokens the in-flight requests generate
 
 
 def _snap(worker: Any) -> Any:
@@ -257,9 +257,18 @@ async def _async(folder: Path, extra: dict[str, Any]) -> dict[str, Any]:
             return task
 
         task = await started("inflight-wait", 1)
-        shrink = await ip.resize_kv_cache_async(engine, num_blocks=B, mode="wait")
+        first = asyncio.create_task(ip.resize_kv_cache_async(engine, num_blocks=B, mode="wait"))
+        await asyncio.sleep(0.05)  # sent first: it waits for the request in flight
+        during = (await ip.kv_cache_info_async(engine)).to_dict()
+        try:
+            await ip.resize_kv_cache_async(engine, num_blocks=C)
+            second: Any = "accepted"
+        except Exception as err:
+            second = _error(err)
+        shrink = await first
         done = await task
         rec["wait"] = {
+            "during": {"info": during, "second": second},
             "report": shrink.to_dict(),
             "tokens": list(done.outputs[0].token_ids),
             "finish": done.outputs[0].finish_reason,
@@ -391,6 +400,12 @@ def test_a_fault_in_a_spawned_worker_rolls_the_resize_back(sync: Any) -> None:
 def test_async_llm_waits_aborts_and_reports_the_new_size(asynced: Any, sync: Any) -> None:
     wait, abort = asynced["wait"], asynced["abort"]
     assert wait["finish"] == "length" and len(wait["tokens"]) == LONG
+    # while the first waits, the engine says so and refuses a second resize (nothing queues)
+    assert wait["during"]["info"]["state"] == "resizing"
+    assert wait["during"]["info"]["num_blocks"] == A
+    second = wait["during"]["second"]
+    assert second["type"] == "ResizeRefusedError" and second["step"] == "state", second
+    assert "another resize" in second["message"]
     assert wait["tokens"] == sync["fresh_B"]["long_tokens"]
     assert abort["finish"] == "abort" and abort["tokens"] < LONG
     assert len(abort["report"]["requests_aborted"]) == 1
