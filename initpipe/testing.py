@@ -13,7 +13,7 @@ Either way the run raises :class:`~initpipe.StageError` naming the stage, exactl
 failure would, and ``clear_faults(run)`` (or leaving the ``with`` block) restores the run.
 
 Spawned worker processes cannot be reached with a function call: set
-``INITPIPE_INJECT_FAULT=stage[:after][,stage2...]`` in their environment and call
+``INITPIPE_INJECT_FAULT=stage[:after][@N][,stage2...]`` in their environment and call
 :func:`inject_faults_from_env` on each new run (the vLLM pipelined runner does when the
 variable is set).
 """
@@ -39,7 +39,8 @@ __all__ = [
     "parse_fault_spec",
 ]
 
-#: ``stage[:after]`` entries, comma-separated: faults for runs in processes you cannot call.
+#: ``stage[:after][@N]`` entries, comma-separated: faults for runs in processes you cannot
+#: call (``@N``: only the stage's N-th run fails, e.g. the first resize after a start).
 ENV_FAULT = "INITPIPE_INJECT_FAULT"
 
 # The listeners each run got from inject_fault(after=True), so clear_faults removes them.
@@ -55,6 +56,7 @@ def inject_fault(
     *,
     after: bool = False,
     times: int | None = None,
+    skip: int = 0,
 ) -> None:
     """Make ``stage`` fail in ``run`` on its next runs, until :func:`clear_faults`.
 
@@ -67,19 +69,27 @@ def inject_fault(
         times: fail only on the next ``times`` runs of the stage, then run it normally
             (e.g. ``times=1``: a resize fails once and its rollback succeeds); ``None``:
             every run.
+        skip: let the next ``skip`` runs of the stage pass before the faults start.
 
     Raises:
         UnknownStageNameError: no such stage (with close names).
-        ValueError: ``times`` is below 1.
+        ValueError: ``times`` is below 1, or ``skip`` below 0.
     """
     spec = run.pipeline.stage(stage)
     if times is not None and times < 1:
         msg = f"inject_fault(times={times}): pass a count of at least 1, or None for always"
         raise ValueError(msg)
+    if skip < 0:
+        msg = f"inject_fault(skip={skip}): pass a count of runs to let pass, 0 or more"
+        raise ValueError(msg)
     err = error if error is not None else InjectedFault(f"injected fault in {stage!r}")
     left = [times]
+    passing = [skip]
 
     def fire() -> bool:
+        if passing[0] > 0:
+            passing[0] -= 1
+            return False
         if left[0] is None:
             return True
         if left[0] == 0:
@@ -130,24 +140,37 @@ def fault(
         clear_faults(run)
 
 
-def parse_fault_spec(value: str) -> list[tuple[str, bool]]:
-    """Parse ``stage[:after][,stage2[:before]...]`` into ``[(stage, after), ...]``.
+def parse_fault_spec(value: str) -> list[tuple[str, bool, int | None]]:
+    """Parse ``stage[:after][@N][,stage2[:before]...]`` into ``[(stage, after, N), ...]``
+    (``N`` None: every run of the stage fails).
 
     Raises:
-        ValueError: an entry's mode is neither ``after`` nor ``before``.
+        ValueError: an entry's mode is neither ``after`` nor ``before``, or ``N`` is not a
+            positive integer.
     """
-    faults = []
+    faults: list[tuple[str, bool, int | None]] = []
     for entry in value.split(","):
-        name, _, mode = entry.strip().partition(":")
+        entry = entry.strip()
+        head, at_sign, count = entry.partition("@")
+        name, _, mode = head.strip().partition(":")
         if not name:
             continue
         if mode not in ("", "before", "after"):
             msg = (
-                f"{ENV_FAULT}={value!r}: {entry.strip()!r} has mode {mode!r}; use "
+                f"{ENV_FAULT}={value!r}: {entry!r} has mode {mode!r}; use "
                 f"'stage', 'stage:before' or 'stage:after'."
             )
             raise ValueError(msg)
-        faults.append((name, mode == "after"))
+        at = None
+        if at_sign:
+            if not count.strip().isdigit() or int(count) < 1:
+                msg = (
+                    f"{ENV_FAULT}={value!r}: {entry!r}: after '@' put the run of the stage "
+                    f"that fails, 1 or more (e.g. '{name}@2'), not {count!r}."
+                )
+                raise ValueError(msg)
+            at = int(count)
+        faults.append((name, mode == "after", at))
     return faults
 
 
@@ -167,11 +190,14 @@ def inject_faults_from_env(
     raw = (os.environ if environ is None else environ).get(ENV_FAULT, "").strip()
     if not raw:
         return False
-    for name, after in parse_fault_spec(raw):
+    for name, after, at in parse_fault_spec(raw):
         try:
             run.pipeline.stage(name)
         except UnknownStageNameError as err:
             raise UnknownStageNameError(f"{ENV_FAULT}: {err}", name) from None
         error = make_error(name) if make_error is not None else None
-        inject_fault(run, name, error, after=after)
+        if at is None:
+            inject_fault(run, name, error, after=after)
+        else:
+            inject_fault(run, name, error, after=after, skip=at - 1, times=1)
     return True

@@ -110,15 +110,16 @@ async def _resume(engine: Any, body: dict[str, Any]) -> dict[str, Any]:
 @attrs.frozen
 class _Route:
     method: str
-    fields: tuple[str, ...]
+    fields: tuple[str, ...]  # the JSON body's allowed fields
     call: Callable[[Any, dict[str, Any]], Awaitable[dict[str, Any]]]
+    action: str = ""  # resize, release, resume: one at a time
 
 
 ROUTES: dict[str, _Route] = {
     PREFIX: _Route("GET", (), _info),
-    f"{PREFIX}/resize": _Route("POST", (*_SIZE, "mode"), _resize),
-    f"{PREFIX}/release": _Route("POST", ("mode",), _release),
-    f"{PREFIX}/resume": _Route("POST", _SIZE, _resume),
+    f"{PREFIX}/resize": _Route("POST", (*_SIZE, "mode"), _resize, "resize"),
+    f"{PREFIX}/release": _Route("POST", ("mode",), _release, "release"),
+    f"{PREFIX}/resume": _Route("POST", _SIZE, _resume, "resume"),
 }
 
 
@@ -170,7 +171,7 @@ def _authorize(scope: Scope, state: Any) -> None:
 
 # -- requests -----------------------------------------------------------------------------
 def _route(path: str, method: str) -> _Route:
-    route = ROUTES.get(path.rstrip("/") if path != "/" else path)
+    route = ROUTES.get(path.rstrip("/"))
     if route is None:
         known = ", ".join(f"{r.method} {p}" for p, r in ROUTES.items())
         raise _Problem(HTTPStatus.NOT_FOUND, f"no route {path}; the routes are: {known}")
@@ -228,8 +229,8 @@ class KVCacheRoutes:
 
     One resize, release or resume at a time per server: while one is in flight (e.g.
     waiting for requests to finish) another gets 409 at once and ``GET`` says
-    ``resizing``. The engine core refuses a second one too (other API server processes,
-    the Python API), but its answer can only come after the first's.
+    ``resizing``. The engine core also refuses a second one while the first waits for
+    requests (one from another API server process, or from the Python API).
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -268,7 +269,7 @@ class KVCacheRoutes:
         return info
 
     async def _call(self, route: _Route, engine: Any, body: dict[str, Any]) -> Any:
-        if route.method == "GET":
+        if not route.action:
             info = await _info(engine, body)
             if self._running is not None:
                 info["state"] = "resizing"
@@ -279,7 +280,7 @@ class KVCacheRoutes:
                 f"another resize of the KV cache is running ({self._running}, state "
                 "'resizing'); this one was not started: retry once it has answered",
             )
-        self._running = route.call.__name__.lstrip("_")
+        self._running = route.action
         try:
             return await route.call(engine, body)
         finally:

@@ -1,9 +1,9 @@
 """Smoke pass of the vLLM benchmarks (engine, kv, alloc, resize, serve): they run and report
 every figure.
 
-Runs ``python -m benchmarks --smoke --only engine kv alloc resize serve`` in a subprocess (engine starts
-mutate their process; the benchmarks spawn their own children too) and checks the rows
-exist with positive values. No timing asserts: ratios are benchmark output, not tests.
+Runs ``python -m benchmarks --smoke --only engine kv alloc resize serve`` in a subprocess
+(engine starts mutate their process; the benchmarks spawn their own children too) and checks
+the rows exist with positive values. No timing asserts: ratios are benchmark output, not tests.
 """
 
 from __future__ import annotations

@@ -83,9 +83,43 @@ def test_a_fault_count_below_one_is_refused() -> None:
 
 
 def test_fault_spec_from_the_environment() -> None:
-    assert parse_fault_spec("a, b:after ,c:before,") == [("a", False), ("b", True), ("c", False)]
+    assert parse_fault_spec("a, b:after ,c:before,d@2, e:after@3") == [
+        ("a", False, None),
+        ("b", True, None),
+        ("c", False, None),
+        ("d", False, 2),
+        ("e", True, 3),
+    ]
     with pytest.raises(ValueError, match=r"'b:later' has mode 'later'; use 'stage'"):
         parse_fault_spec("a,b:later")
+    for bad in ("a@0", "a@", "a@x", "a@-1"):
+        with pytest.raises(ValueError, match=r"after '@' put the run of the stage that fails"):
+            parse_fault_spec(bad)
+
+
+def test_a_fault_can_let_runs_pass_first() -> None:
+    r = Recorder()
+    run = _loaded(r)
+    inject_fault(run, "tensors", skip=1, times=1)
+    run.initialize_kv_cache(1)  # passes
+    run.teardown_kv_cache()
+    with pytest.raises(StageError, match="stage 'tensors'"):
+        run.initialize_kv_cache(2)
+    run.initialize_kv_cache(3)  # and the fault is spent
+    assert run.outputs["bind"] == ("bind", 3, False)
+    with pytest.raises(ValueError, match="skip=-1"):
+        inject_fault(run, "tensors", skip=-1)
+
+
+def test_an_env_fault_at_a_given_run_fails_only_that_run() -> None:
+    run = _loaded(Recorder())
+    assert inject_faults_from_env(run, {ENV_FAULT: "tensors:after@2"}) is True
+    run.initialize_kv_cache(1)
+    run.teardown_kv_cache()
+    with pytest.raises(StageError, match="stage 'tensors'"):
+        run.initialize_kv_cache(2)
+    run.initialize_kv_cache(3)
+    assert run.outputs["bind"] == ("bind", 3, False)
 
 
 def test_faults_from_the_environment_reach_a_run() -> None:

@@ -9,7 +9,9 @@ tiny-llama with seeded KV-sensitive weights and the middleware given:
 - ``fresh_b``: stock vLLM started at ``B`` blocks, no key, no opt-in: the oracle for ``B``
   and the closed (403) routes;
 - ``fresh_c``: stock vLLM started at ``C`` blocks, no key, ``OPEN_ENV=1``: the oracle for
-  ``C``, open routes, and a resize refused because the engine is not the pipelined worker.
+  ``C``, open routes, and a resize refused because the engine is not the pipelined worker;
+- ``faulty``: the pipelined worker at ``C``, open, whose worker fails its first resize at
+  the KV allocation (``INITPIPE_INJECT_FAULT=allocated_kv_caches@2``): the rollback over HTTP.
 
 The oracle is each fresh server's FIRST run of the workload (an empty prefix cache, as after
 a resize). The workload's prefix-cache hits depend on the cache size (a repeat of the first
@@ -33,6 +35,7 @@ B, C = 12, 40
 KEY = "initpipe-test-key"
 MODEL = Path(__file__).resolve().parents[2] / "stages" / "models" / "tiny-llama"
 ROUTES = "/initpipe/kv_cache"
+FAULT_STAGE = "allocated_kv_caches"
 LONG = 450  # tokens of the requests that keep a resize waiting (max_model_len is 512)
 
 httpx = pytest.importorskip("httpx")
@@ -41,6 +44,7 @@ httpx = pytest.importorskip("httpx")
 # -- the servers --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory, seeded_weights_dir: Path) -> Any:
+    from initpipe.testing import ENV_FAULT
     from initpipe_vllm.hook import PIPELINED_WORKER
     from initpipe_vllm.serve import OPEN_ENV
     from initpipe_vllm.testing.equivalence import loadable_model, workload_engine_kwargs
@@ -69,6 +73,13 @@ def servers(tmp_path_factory: pytest.TempPathFactory, seeded_weights_dir: Path) 
             ),
             ServerSpec("fresh_b", engine(B), common, closed),
             ServerSpec("fresh_c", engine(C), common, {"VLLM_API_KEY": None, OPEN_ENV: "1"}),
+            # its first resize fails in the worker, at the allocation (run 1 is the start)
+            ServerSpec(
+                "faulty",
+                engine(C),
+                [*common, "--worker-cls", PIPELINED_WORKER],
+                {"VLLM_API_KEY": None, OPEN_ENV: "1", ENV_FAULT: f"{FAULT_STAGE}@2"},
+            ),
         ]
         with running_servers(specs, tmp_path_factory.mktemp("servers")) as running:
             clients = {
@@ -270,6 +281,23 @@ def test_without_a_key_the_routes_are_closed_unless_opened(servers: Any) -> None
     assert "PipelinedWorker" in r.json()["error"]["message"]
     assert r.json()["error"]["step"] == "engine"
     assert opened.get(ROUTES).json()["num_blocks"] == C
+
+
+def test_a_failed_resize_says_so_and_the_old_size_serves_on(
+    servers: Any, oracle: dict[int, Any]
+) -> None:
+    faulty = servers["clients"]["faulty"]
+    r = faulty.post(f"{ROUTES}/resize", json={"num_blocks": B})
+    assert r.status_code == 500, r.text
+    error = r.json()["error"]
+    assert (error["rolled_back"], error["stage"], error["step"]) == (True, FAULT_STAGE, "kv_phase")
+    assert "keeps serving" in error["message"] and "Traceback" not in r.text
+    assert (r.json()["kv_cache"]["state"], r.json()["kv_cache"]["num_blocks"]) == ("serving", C)
+    assert _cache_info_labels(faulty)["num_gpu_blocks"] == str(C)
+    # serving at the old size, as a fresh server of it (the prefix cache was reset)
+    assert _workload(faulty, servers["model"]) == oracle[C]
+    # the fault is spent: the next resize goes through
+    assert faulty.post(f"{ROUTES}/resize", json={"num_blocks": B}).status_code == 200
 
 
 @pytest.mark.parametrize(
