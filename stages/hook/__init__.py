@@ -10,7 +10,9 @@ and nothing that is a stage.
   a config;
 - :mod:`.plugin` — the opt-in ``vllm.general_plugins`` entry point (``INITPIPE_VLLM=1``),
   which keeps vLLM's stock worker, with one warning, where the pipelined one cannot run;
-- :mod:`.progress` — per-stage log lines, trace files and failure reports.
+- :mod:`.progress` — per-stage log lines, trace files and failure reports;
+- :mod:`.parallel` — what several workers on one machine need first (vLLM's CPU thread
+  binding per rank).
 
 Imports point down: this package uses the catalog (``initpipe_vllm`` and its stage
 modules) and ``initpipe``; the tools and the test kit use this package, never the reverse.

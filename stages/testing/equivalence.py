@@ -53,6 +53,7 @@ __all__ = [
     "engine_kwargs",
     "loadable_model",
     "main",
+    "parallel_engine_kwargs",
     "run_requests",
     "run_workload",
     "workload_engine_kwargs",
@@ -402,10 +403,39 @@ def workload_problems(result: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _ranks(results: list[Any]) -> Any:
+    """One worker's result as it is; several workers' as ``{"rank0": ..., "rank1": ...}``
+    (``collective_rpc`` answers in rank order), so each rank is compared with its peer."""
+    if len(results) == 1:
+        return results[0]
+    return {f"rank{i}": r for i, r in enumerate(results)}
+
+
+def parallel_engine_kwargs(
+    tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1
+) -> dict[str, Any]:
+    """Engine arguments for several workers: vLLM's multiprocess executor, and for pipeline
+    parallelism ``enforce_eager=False``: vLLM 0.32's ``CPUModelRunner.warming_up_model``
+    returns early in eager mode, so the dummy run that creates ``intermediate_tensors``
+    never runs and the first step of a later PP rank fails — stock vLLM too."""
+    world = tensor_parallel_size * pipeline_parallel_size
+    if world == 1:
+        return {}
+    out: dict[str, Any] = {
+        "tensor_parallel_size": tensor_parallel_size,
+        "pipeline_parallel_size": pipeline_parallel_size,
+        "distributed_executor_backend": "mp",
+    }
+    if pipeline_parallel_size > 1:
+        out["enforce_eager"] = False
+    return out
+
+
 def run_engine(
     model_dir: str | Path, *, pipelined: bool, reinit: bool = True, **overrides: Any
 ) -> dict[str, Any]:
-    """Start one engine, run the workload and return outputs plus snapshots."""
+    """Start one engine, run the workload and return outputs plus snapshots (every rank's,
+    as ``{"rank0": ..., ...}``, when there are several workers)."""
     from vllm import LLM
 
     kwargs, opts = workload_engine_kwargs(model_dir, **overrides)
@@ -417,15 +447,21 @@ def run_engine(
     with _vllm_log_lines("prefix caching") as log:
         llm = LLM(**kwargs)
     try:
-        result: dict[str, Any] = {"init": llm.collective_rpc(_snapshot)[0]}
+        result: dict[str, Any] = {"init": _ranks(llm.collective_rpc(_snapshot))}
         result["outputs_a"] = run_workload(llm, task, salt=_SALT_A)
-        result["after_a"] = llm.collective_rpc(_snapshot)[0]
+        result["after_a"] = _ranks(llm.collective_rpc(_snapshot))
         if reinit:
-            result.update(llm.collective_rpc(_reinitialize)[0])
+            steps = llm.collective_rpc(_reinitialize)
+            result.update({k: _ranks([r[k] for r in steps]) for k in steps[0]})
             llm.reset_prefix_cache()
             result["outputs_b"] = run_workload(llm, task, salt=_SALT_B)
-            result["after_b"] = llm.collective_rpc(_snapshot)[0]
-        meta = {**llm.collective_rpc(_runner_meta)[0], "prefix_caching_log": log}
+            result["after_b"] = _ranks(llm.collective_rpc(_snapshot))
+        metas = llm.collective_rpc(_runner_meta)
+        meta = {
+            **metas[0],
+            "runner_classes": [m["runner_class"] for m in metas],
+            "prefix_caching_log": log,
+        }
         return {"meta": meta, **result}
     finally:
         core = getattr(llm.llm_engine, "engine_core", None)
@@ -473,8 +509,9 @@ def compare_model(
             diffs.append(f"/{key}: only in {'stock' if key in stock else 'pipelined'}")
         else:
             diffs += stock_differences(stock[key], piped[key], f"/{key}", torn_down=key in torn)
-    if not meta["pipelined"]["runner_class"].startswith("Pipelined"):
-        diffs.append(f"/meta: the pipelined engine ran {meta['pipelined']['runner_class']}")
+    for rank, cls in enumerate(meta["pipelined"]["runner_classes"]):
+        if not cls.startswith("Pipelined"):
+            diffs.append(f"/meta: the pipelined engine's rank {rank} ran {cls}")
     workloads = [stock[k] for k in ("outputs_a", "outputs_b") if k in stock]
     problems = [f"{p} (stock)" for w in workloads for p in workload_problems(w)]
     log = meta["stock"]["prefix_caching_log"] + meta["pipelined"]["prefix_caching_log"]
@@ -517,6 +554,20 @@ def main(argv: list[str] | None = None) -> int:
         help="run the engine core and worker in separate processes",
     )
     parser.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="workers per pipeline stage (vLLM's multiprocess executor; every rank compared)",
+    )
+    parser.add_argument(
+        "--pipeline-parallel-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="pipeline stages (runs without enforce_eager: vLLM's CPU runner needs it for PP)",
+    )
+    parser.add_argument(
         "--weights-dir",
         metavar="DIR",
         help="cache folder for the seeded weights (default: a temporary folder, removed "
@@ -528,11 +579,19 @@ def main(argv: list[str] | None = None) -> int:
         help="use vLLM's dummy weights (outputs then do not depend on the KV cache)",
     )
     args = parser.parse_args(argv)
+    for flag in ("tensor_parallel_size", "pipeline_parallel_size"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be 1 or more")
+    parallel = parallel_engine_kwargs(args.tensor_parallel_size, args.pipeline_parallel_size)
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if args.multiprocess else "0"
-    if args.multiprocess:
-        # collective_rpc ships the snapshot functions to the worker process by pickle.
+    if args.multiprocess or parallel:
+        # collective_rpc ships the snapshot functions to the worker processes by pickle.
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    if parallel:
+        from ..hook.parallel import default_cpu_thread_binding
+
+        default_cpu_thread_binding(args.tensor_parallel_size * args.pipeline_parallel_size)
     weights = "dummy" if args.dummy_weights else "seeded"
     reports = []
     with contextlib.ExitStack() as stack:
@@ -544,7 +603,11 @@ def main(argv: list[str] | None = None) -> int:
         for model in args.model:
             try:
                 rep = compare_model(
-                    model, reinit=not args.no_reinit, weights=weights, weights_dir=weights_dir
+                    model,
+                    reinit=not args.no_reinit,
+                    weights=weights,
+                    weights_dir=weights_dir,
+                    **parallel,
                 )
             except Exception as err:  # report and go on with the next model
                 rep = {

@@ -8,9 +8,13 @@ Engine-level comparisons run in subprocesses (see ``test_engine_equivalence.py``
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -84,3 +88,25 @@ def seeded_weights_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
     and the KV-sensitivity probe build each model's weights there on first use
     (``--weights-dir``) and reuse them."""
     return tmp_path_factory.mktemp("seeded_weights")
+
+
+@pytest.fixture(scope="session")
+def harness(seeded_weights_dir: Path) -> Callable[..., list[dict[str, Any]]]:
+    """``harness(tmp, models, *flags)``: run ``python -m initpipe_vllm.testing.equivalence``
+    on those tiny models (seeded weights) in a subprocess — an in-process engine mutates its
+    process — and return its JSON report, one entry per model."""
+    from initpipe_vllm.testing import model_dir
+
+    def run(tmp: Path, models: list[str], *extra: str) -> list[dict[str, Any]]:
+        out = tmp / "report.json"
+        cmd = [sys.executable, "-m", "initpipe_vllm.testing.equivalence", "--json", str(out)]
+        cmd += ["--weights-dir", str(seeded_weights_dir), *extra]
+        for m in models:
+            cmd += ["--model", str(model_dir(m))]
+        env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+        report: list[dict[str, Any]] = json.loads(out.read_text())
+        return report
+
+    return run

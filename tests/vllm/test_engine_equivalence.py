@@ -13,16 +13,10 @@ workload sees a corrupted KV block.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-from initpipe_vllm.testing import model_dir
 
 GROUPS = {
     "attention": [
@@ -44,23 +38,11 @@ PREFIX_CACHING_OFF = {
 }
 
 
-def _harness(tmp: Path, weights: Path, models: list[str], *extra: str) -> list[dict]:
-    out = tmp / "report.json"
-    cmd = [sys.executable, "-m", "initpipe_vllm.testing.equivalence", "--json", str(out)]
-    cmd += ["--weights-dir", str(weights), *extra]
-    for m in models:
-        cmd += ["--model", str(model_dir(m))]
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(out.read_text())
-
-
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory, seeded_weights_dir) -> dict[str, dict]:
+def reports(tmp_path_factory, harness) -> dict[str, dict]:
     found = {}
     for group, models in GROUPS.items():
-        for rep in _harness(tmp_path_factory.mktemp(group), seeded_weights_dir, models):
+        for rep in harness(tmp_path_factory.mktemp(group), models):
             found[Path(rep["model"]).name] = rep
     return found
 
@@ -155,8 +137,8 @@ def test_the_architectures_cover_what_they_claim(reports) -> None:
         assert snap(hybrid)["init_slot_mapping_modes"][0] == "SlotMappingMode.NONE"
 
 
-def test_pipelined_worker_in_multiprocess_mode(tmp_path, seeded_weights_dir) -> None:
-    (rep,) = _harness(tmp_path, seeded_weights_dir, ["tiny-llama"], "--multiprocess", "--no-reinit")
+def test_pipelined_worker_in_multiprocess_mode(tmp_path, harness) -> None:
+    (rep,) = harness(tmp_path, ["tiny-llama"], "--multiprocess", "--no-reinit")
     assert "error" not in rep, rep.get("error")
     assert rep["diffs"] == [] and rep["equal"] and rep["problems"] == []
     facts = rep["stock"]["outputs_a"]["facts"]

@@ -1,0 +1,195 @@
+"""Live resize with two workers (tensor parallel): every rank resizes to the same plan, and
+a failure on one rank rolls every rank back.
+
+One subprocess (an in-process engine core mutates its process; the two workers are
+processes of vLLM's multiprocess executor) on tiny-llama with seeded KV-sensitive weights,
+TP=2, the harness's workload:
+
+- the oracle: a fresh STOCK TP=2 engine started at ``B`` blocks — outputs, each rank's
+  ``runner_snapshot`` (``collective_rpc``) and the engine core's ``scheduler_snapshot``;
+- the engine under test (pipelined worker) starts at ``A``, serves a workload, shrinks to
+  ``B``: outputs and both ranks' and the scheduler's snapshots equal the oracle's;
+- a fault injected into rank 1 only (its KV allocation) makes a grow fail naming rank 1 and
+  the stage; both ranks roll back to ``B`` and equal the oracle again;
+- ``kv_cache_memory_bytes`` is per worker: asking for one rank's bytes at ``B`` gives ``B``
+  blocks, and the report sums the ranks' bytes;
+- release -> resume equals the oracle.
+
+Run as a script (``python test_resize_parallel.py OUT.json WEIGHTS_DIR``) it is that
+subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+A, B = 24, 12
+TP = 2
+MODEL = Path(__file__).resolve().parents[2] / "stages" / "models" / "tiny-llama"
+FAULT_STAGE = "allocated_kv_caches"
+
+
+# -- the subprocess ------------------------------------------------------------------------
+def _snap(worker: Any) -> Any:
+    from initpipe_vllm.testing.snapshot import runner_snapshot
+
+    return runner_snapshot(worker.model_runner)
+
+
+def _fault_on_rank_1(worker: Any, stage: str) -> int:
+    if worker.rank == 1:
+        from initpipe.testing import inject_fault
+
+        inject_fault(worker.model_runner.initpipe_run, stage, times=1)
+    return int(worker.rank)
+
+
+def _state(llm: Any) -> dict[str, Any]:
+    from initpipe_vllm.testing.equivalence import run_workload
+    from initpipe_vllm.testing.snapshot import scheduler_snapshot
+
+    return {
+        "outputs": run_workload(llm, "generate", salt=2)["outputs"],
+        "ranks": llm.collective_rpc(_snap),
+        "scheduler": scheduler_snapshot(llm.llm_engine.engine_core.engine_core),
+    }
+
+
+def _engine(folder: Path, extra: dict[str, Any], blocks: int, pipelined: bool) -> Any:
+    from vllm import LLM
+
+    from initpipe_vllm.hook import PIPELINED_WORKER
+    from initpipe_vllm.testing.equivalence import parallel_engine_kwargs, workload_engine_kwargs
+
+    kwargs, _ = workload_engine_kwargs(
+        folder, num_gpu_blocks_override=blocks, **parallel_engine_kwargs(TP), **extra
+    )
+    if pipelined:
+        kwargs["worker_cls"] = PIPELINED_WORKER
+    return LLM(**kwargs)
+
+
+def _error(err: BaseException) -> dict[str, Any]:
+    return {
+        "type": type(err).__name__,
+        "message": str(err),
+        "step": getattr(err, "step", None),
+        "stage": getattr(err, "stage", None),
+        "rank": getattr(err, "rank", None),
+        "rolled_back": getattr(err, "rolled_back", None),
+    }
+
+
+def main(out: str, weights_dir: str) -> None:
+    import initpipe_vllm as ip
+    from initpipe_vllm.hook.parallel import default_cpu_thread_binding
+    from initpipe_vllm.testing.equivalence import loadable_model
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    default_cpu_thread_binding(TP)
+    rec: dict[str, Any] = {}
+    with loadable_model(MODEL, weights_dir=weights_dir) as (folder, extra):
+        fresh = _engine(folder, extra, B, pipelined=False)
+        rec["fresh_B"] = _state(fresh)
+        fresh.llm_engine.engine_core.shutdown()
+        del fresh
+
+        llm = _engine(folder, extra, A, pipelined=True)
+        from initpipe_vllm.testing.equivalence import run_workload
+
+        run_workload(llm, "generate", salt=1)  # fill the prefix cache
+        rec["shrink"] = {"report": ip.resize_kv_cache(llm, num_blocks=B).to_dict(), **_state(llm)}
+
+        rec["fault_ranks"] = llm.collective_rpc(_fault_on_rank_1, args=(FAULT_STAGE,))
+        try:
+            ip.resize_kv_cache(llm, num_blocks=A)
+            rec["fault"] = {"error": "accepted"}
+        except Exception as err:
+            rec["fault"] = {"error": _error(err)}
+        rec["fault"].update(info=ip.kv_cache_info(llm).to_dict(), **_state(llm))
+
+        per_rank = rec["shrink"]["report"]["bytes_allocated"] // TP
+        by_bytes = ip.resize_kv_cache(llm, kv_cache_memory_bytes=per_rank)
+        rec["by_bytes"] = {"per_rank": per_rank, "report": by_bytes.to_dict()}
+
+        ip.release_kv_cache(llm)
+        rec["resumed"] = {"report": ip.resume_kv_cache(llm).to_dict(), **_state(llm)}
+        llm.llm_engine.engine_core.shutdown()
+    Path(out).write_text(json.dumps(rec, default=repr))
+
+
+# -- the tests -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def rec(tmp_path_factory: pytest.TempPathFactory, seeded_weights_dir: Path) -> Any:
+    out = tmp_path_factory.mktemp("resize_tp") / "result.json"
+    proc = subprocess.run(
+        [sys.executable, __file__, str(out), str(seeded_weights_dir)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"},
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return json.loads(out.read_text())
+
+
+def _same(a: Any, b: Any) -> list[str]:
+    from initpipe_vllm.testing.snapshot import diff_snapshots
+
+    return diff_snapshots(a, b)
+
+
+def _equals_fresh(rec: Any, state: dict[str, Any]) -> None:
+    fresh = rec["fresh_B"]
+    assert _same(fresh["outputs"], state["outputs"]) == []
+    assert len(state["ranks"]) == TP
+    for rank in range(TP):
+        assert _same(fresh["ranks"][rank], state["ranks"][rank]) == [], f"rank {rank}"
+    assert _same(fresh["scheduler"], state["scheduler"]) == []
+
+
+def test_every_rank_resizes_to_a_fresh_engine_of_the_new_size(rec: Any) -> None:
+    shrink = rec["shrink"]
+    report = shrink["report"]
+    assert (report["blocks_before"], report["blocks_after"]) == (A, B)
+    assert [r["rank"] for r in report["ranks"]] == list(range(TP))
+    assert all(r["bytes_freed"] > r["bytes_allocated"] > 0 for r in report["ranks"])
+    assert shrink["outputs"][-1]["num_cached_tokens"] > 0
+    _equals_fresh(rec, shrink)
+
+
+def test_a_failure_on_one_rank_rolls_every_rank_back(rec: Any) -> None:
+    assert rec["fault_ranks"] == [0, 1]
+    fault = rec["fault"]
+    err = fault["error"]
+    assert err["type"] == "ResizeError" and err["rolled_back"] is True, err
+    assert (err["rank"], err["stage"]) == (1, FAULT_STAGE)
+    assert "rank 1" in err["message"] and repr(FAULT_STAGE) in err["message"]
+    assert (fault["info"]["state"], fault["info"]["num_blocks"]) == ("serving", B)
+    assert len(fault["info"]["bytes_per_rank"]) == TP
+    _equals_fresh(rec, fault)
+
+
+def test_kv_cache_memory_bytes_is_per_worker(rec: Any) -> None:
+    by_bytes = rec["by_bytes"]
+    report = by_bytes["report"]
+    assert report["blocks_after"] == B
+    assert [r["bytes_allocated"] for r in report["ranks"]] == [by_bytes["per_rank"]] * TP
+    assert report["bytes_allocated"] == TP * by_bytes["per_rank"]
+
+
+def test_release_and_resume_across_ranks(rec: Any) -> None:
+    resumed = rec["resumed"]
+    assert (resumed["report"]["blocks_before"], resumed["report"]["blocks_after"]) == (0, B)
+    _equals_fresh(rec, resumed)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
