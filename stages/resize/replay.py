@@ -251,10 +251,10 @@ def rebuild_scheduler_kv(core: Any, new: Plan) -> None:
     sched.mamba_shared_prefix_checkpoint = (
         sched.mamba_partial_cache_hit and manager.mamba_shared_prefix_checkpoint
     )
-    # -- the engine's figures (EngineCore._initialize_kv_caches) --
+    # -- the engine's figures (EngineCore._initialize_kv_caches). Not hash_block_size or
+    # cache_hit_alignment_tokens: vLLM's worker sets those on ITS config in
+    # initialize_from_config (the engine core's own only when a worker shares it) --
     cache.num_gpu_blocks = cfg.num_blocks
     cache.block_size = new.block_size
-    cache.hash_block_size = new.hash_block_size
-    cache.cache_hit_alignment_tokens = cfg.cache_hit_alignment_tokens
     update_kv_cache_capacity(vllm_config, cfg)
     core._initialize_effective_attention_block_size()
