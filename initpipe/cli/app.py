@@ -69,7 +69,10 @@ def add_graph(sub: Any) -> None:
     p.add_argument(
         "--trace",
         metavar="FILE",
-        help="a trace JSON (Trace.write_json): durations and critical path",
+        action="append",
+        help="a trace JSON (Trace.write_json): durations and critical path; repeat it for "
+        "several ranks (INITPIPE_TRACE writes FILE.rank<N>.json): each stage gets its "
+        "slowest rank's duration",
     )
     p.add_argument(
         "--blame",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -104,8 +105,8 @@ def _summary(p: Pipeline) -> str:
     )
 
 
-def _read_trace(path: str, p: Pipeline) -> tuple[dict[str, float], dict[str, float], list[str]]:
-    """Return (durations, start times, critical path) of the stages of ``p`` in a trace."""
+def _read_one(path: str, p: Pipeline) -> tuple[dict[str, float], dict[str, float]]:
+    """(durations, start times) of the stages of ``p`` in one trace file."""
     try:
         trace = Trace.from_dict(json.loads(Path(path).read_text()))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -118,18 +119,50 @@ def _read_trace(path: str, p: Pipeline) -> tuple[dict[str, float], dict[str, flo
     unknown = sorted(set(durations) - set(p.specs))
     if unknown:
         print(
-            f"note: the trace has stages this pipeline lacks (ignored): {', '.join(unknown)}",
+            f"note: {path}: the trace has stages this pipeline lacks (ignored): "
+            f"{', '.join(unknown)}",
             file=sys.stderr,
         )
     durations = {n: d for n, d in durations.items() if n in p.specs}
     starts = {e.name: e.start for e in trace.events if e.kind == "stage" and e.outcome == "ok"}
+    return durations, starts
+
+
+def _rank_label(path: str) -> str:
+    """``trace.rank1.json`` -> ``rank 1`` (how INITPIPE_TRACE names a rank's file), else the
+    file's name."""
+    found = re.search(r"\.rank(\d+)(?:\.|$)", Path(path).name)
+    return f"rank {found.group(1)}" if found else Path(path).name
+
+
+def _read_trace(
+    paths: list[str], p: Pipeline
+) -> tuple[dict[str, float], dict[str, float], list[str], dict[str, str]]:
+    """(durations, start times, critical path, slowest file per stage) of the stages of
+    ``p`` over one trace or several (one per rank): each stage's duration is its slowest
+    rank's, the one a phase waits for; the slowest map is empty for one file."""
+    labels = [_rank_label(path) for path in paths]
+    if len(set(labels)) != len(labels):
+        labels = list(paths)  # two files of the same rank name: tell them apart by path
+    durations: dict[str, float] = {}
+    starts: dict[str, float] = {}
+    slowest: dict[str, str] = {}
+    for path, label in zip(paths, labels, strict=True):
+        d, st = _read_one(path, p)
+        for name, seconds in d.items():
+            if name not in durations or seconds > durations[name]:
+                durations[name] = seconds
+                slowest[name] = label
+                if name in st:
+                    starts[name] = st[name]
     path_ = [n for n, _ in critical_path(p.graph, durations)] if durations else []
-    return durations, starts, path_
+    return durations, starts, path_, slowest if len(paths) > 1 else {}
 
 
 def _blame(view: dict[str, Any], starts: dict[str, float], fmt: str) -> str:
     """``systemd-analyze blame`` then ``critical-chain``, for the stages in ``view``."""
     phase = {s["name"]: s["phase"] for s in view["stages"]}
+    slowest = {s["name"]: s["slowest"] for s in view["stages"] if s.get("slowest")}
     durations = {s["name"]: s["duration"] for s in view["stages"] if s.get("duration") is not None}
     ranked = blame(durations)
     chain = view.get("critical_path", [])
@@ -137,7 +170,11 @@ def _blame(view: dict[str, Any], starts: dict[str, float], fmt: str) -> str:
         return (
             json.dumps(
                 {
-                    "blame": [{"name": n, "phase": phase[n], "duration": d} for n, d in ranked],
+                    "blame": [
+                        {"name": n, "phase": phase[n], "duration": d}
+                        | ({"slowest": slowest[n]} if n in slowest else {})
+                        for n, d in ranked
+                    ],
                     "critical_path": [
                         {"name": n, "start": starts.get(n), "duration": durations.get(n)}
                         for n in chain
@@ -149,7 +186,11 @@ def _blame(view: dict[str, Any], starts: dict[str, float], fmt: str) -> str:
             + "\n"
         )
     width = max((len(n) for n in durations), default=0)
-    lines = [f"{fmt_duration(d):>9} {n:<{width}}  ({phase[n]})" for n, d in ranked]
+    lines = [
+        f"{fmt_duration(d):>9} {n:<{width}}  ({phase[n]}"
+        + (f", slowest: {slowest[n]})" if n in slowest else ")")
+        for n, d in ranked
+    ]
     lines += ["", "critical chain (@start +duration):"]
     for i, n in enumerate(chain):
         at = f" @{fmt_duration(starts[n])}" if n in starts else ""
@@ -237,8 +278,8 @@ def run_graph(args: argparse.Namespace) -> int:
     view = export(p)
     starts: dict[str, float] = {}
     if args.trace:
-        durations, starts, path = _read_trace(args.trace, p)
-        view = with_trace(view, durations, path)
+        durations, starts, path, slowest = _read_trace(args.trace, p)
+        view = with_trace(view, durations, path, slowest)
     view = select(view, phase=args.phase, focus=args.focus)
     if args.blame:
         _write(_blame(view, starts, fmt).encode(), args.output, "text")

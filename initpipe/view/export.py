@@ -145,15 +145,27 @@ def select(view: View, *, phase: str | None = None, focus: str | None = None) ->
     return out
 
 
-def with_trace(view: View, durations: Mapping[str, float], path: Iterable[str]) -> View:
+def with_trace(
+    view: View,
+    durations: Mapping[str, float],
+    path: Iterable[str],
+    slowest: Mapping[str, str] | None = None,
+) -> View:
     """Return a copy of ``view`` with each stage's ``duration`` and the ``critical_path``.
 
     Args:
         durations: seconds per stage (stages absent from it get ``None``).
         path: the critical path, stage names in order.
+        slowest: with several ranks' traces, the rank each stage's duration came from
+            (its slowest); each such stage gets ``slowest``.
     """
     out = dict(view)
-    out["stages"] = [{**s, "duration": durations.get(s["name"])} for s in view["stages"]]
+    slowest = slowest or {}
+    out["stages"] = [
+        {**s, "duration": durations.get(s["name"])}
+        | ({"slowest": slowest[s["name"]]} if s["name"] in slowest else {})
+        for s in view["stages"]
+    ]
     out["critical_path"] = list(path)
     out["total"] = sum(d for n, d in durations.items() if n in {s["name"] for s in view["stages"]})
     return out

@@ -102,6 +102,8 @@ def render_text(view: View) -> str:
                 line += f"  [effects: {', '.join(s['effects'])}]"
             if s.get("package"):
                 line += f"  [from package {s['package']}]"
+            if s.get("slowest"):
+                line += f"  [slowest: {s['slowest']}]"
             lines.append(line)
     if timed:
         path = view["critical_path"]

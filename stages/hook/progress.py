@@ -27,6 +27,7 @@ Environment:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable
@@ -59,11 +60,18 @@ ENV_LOG_STAGES = "INITPIPE_LOG_STAGES"
 _LISTENERS: list[Callable[[Any], None]] = []
 
 
-def log_event(event: Any) -> None:
-    """Log one trace event as a single line: phase, stage, duration, outcome."""
+def _who(rank: int | None) -> str:
+    """``"initpipe"``, or ``"initpipe rank N"`` for one worker of several."""
+    return "initpipe" if rank is None else f"initpipe rank {rank}"
+
+
+def log_event(event: Any, rank: int | None = None) -> None:
+    """Log one trace event as a single line: phase, stage, duration, outcome (and the
+    worker's rank when there are several)."""
     kind = "" if event.kind == "stage" else f"{event.kind} "
     logger.info(
-        "initpipe %-15s %s%-40s %9.3f ms %s",
+        "%s %-15s %s%-40s %9.3f ms %s",
+        _who(rank),
         event.phase,
         kind,
         event.name,
@@ -89,15 +97,19 @@ def stage_lines_enabled() -> bool:
     return value not in {"0", "false", "no", "off"}
 
 
-def listeners() -> list[Callable[[Any], None]]:
+def listeners(rank: int | None = None) -> list[Callable[[Any], None]]:
     """The listeners a new run gets: the per-stage log line (unless
-    ``INITPIPE_LOG_STAGES=0``), then the registered ones."""
-    return [log_event, *_LISTENERS] if stage_lines_enabled() else list(_LISTENERS)
+    ``INITPIPE_LOG_STAGES=0``; naming ``rank`` unless it is None), then the registered
+    ones."""
+    if not stage_lines_enabled():
+        return list(_LISTENERS)
+    line = log_event if rank is None else functools.partial(log_event, rank=rank)
+    return [line, *_LISTENERS]
 
 
-def log_phase(run: Any, phase: str) -> None:
+def log_phase(run: Any, phase: str, rank: int | None = None) -> None:
     """One summary line for a completed phase: stage count, total and slowest stage
-    (INFO, or DEBUG when ``INITPIPE_LOG_STAGES=0``)."""
+    (INFO, or DEBUG when ``INITPIPE_LOG_STAGES=0``; naming ``rank`` unless None)."""
     level = logging.INFO if stage_lines_enabled() else logging.DEBUG
     if not logger.isEnabledFor(level):
         return
@@ -114,7 +126,8 @@ def log_phase(run: Any, phase: str) -> None:
     slowest = max(durations, key=durations.__getitem__)
     logger.log(
         level,
-        "initpipe %s phase: %d stages in %.3f ms (slowest: %s %.3f ms)",
+        "%s %s phase: %d stages in %.3f ms (slowest: %s %.3f ms)",
+        _who(rank),
         phase,
         len(durations),
         sum(durations.values()) * 1e3,

@@ -190,11 +190,18 @@ class PipelinedRunnerMixin:
         self._initpipe_block_size: int | None = None
         self._initpipe_lock = threading.RLock()
 
+    def _initpipe_rank(self) -> int | None:
+        """This worker's global rank when there are several (log lines name it), else None."""
+        parallel = self.vllm_config.parallel_config  # type: ignore[attr-defined]
+        return int(parallel.rank) if parallel.world_size > 1 else None
+
     def _initpipe_start(self) -> Run:
         from .progress import listeners
 
         run = self.initpipe_pipeline.start(
-            listeners=listeners(), trace=self.initpipe_trace, **start_inputs(self)
+            listeners=listeners(self._initpipe_rank()),
+            trace=self.initpipe_trace,
+            **start_inputs(self),
         )
         if os.environ.get(ENV_FAULT):  # tests reaching stages in spawned worker processes
             inject_faults_from_env(run)
@@ -242,7 +249,7 @@ class PipelinedRunnerMixin:
             except StageError as err:
                 self._initpipe_report(err)
                 raise
-            log_phase(run, "model")
+            log_phase(run, "model", self._initpipe_rank())
             self._initpipe_block_size = block_size
             apply_model_outputs(self, outputs)
             return outputs
@@ -277,7 +284,7 @@ class PipelinedRunnerMixin:
                 self._initpipe_report(err)
                 raise
             apply_kv_outputs(self, model, outputs)
-            log_phase(self.initpipe_run, KV)
+            log_phase(self.initpipe_run, KV, self._initpipe_rank())
 
     def _init_kv_zero_meta(self) -> None:
         """The worker's call after ``initialize_kv_cache``: the ``kv_block_zeroer`` stage

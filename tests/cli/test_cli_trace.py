@@ -126,7 +126,7 @@ def test_stages_missing_from_the_pipeline_are_noted(
     path.write_text(json.dumps(data))
     code, _, err = graph(capsys, MINI, "--trace", str(path))
     assert code == 0
-    assert err == "note: the trace has stages this pipeline lacks (ignored): ghost_stage\n"
+    assert err == f"note: {path}: the trace has stages this pipeline lacks (ignored): ghost_stage\n"
 
 
 @pytest.mark.parametrize(
@@ -146,3 +146,45 @@ def test_bad_trace_files_exit_2(
     code, out, err = graph(capsys, MINI, "--trace", str(path))
     assert (code, out) == (2, "")
     assert message in err
+
+
+def _rank_trace(tmp_path: Path, rank: int, durations: dict[str, float]) -> Path:
+    events, t = [], 0.0
+    for name, dur in durations.items():
+        phase = "model" if name in ("attn_layers", "attn_backends", "kv_cache_spec") else None
+        events.append(
+            {
+                "name": name,
+                "phase": phase or "kv_cache_config",
+                "kind": "stage",
+                "start": t,
+                "duration": dur,
+                "outcome": "ok",
+                "generation": 1,
+                "error": None,
+            }
+        )
+        t += dur
+    path = tmp_path / f"trace.rank{rank}.json"
+    path.write_text(json.dumps({"version": 1, "wall_origin": 0.0, "events": events}))
+    return path
+
+
+def test_several_ranks_traces_give_each_stage_its_slowest_rank(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    r0 = _rank_trace(tmp_path, 0, {"attn_layers": 0.5, "kv_caches": 0.1})
+    r1 = _rank_trace(tmp_path, 1, {"attn_layers": 0.2, "kv_caches": 0.9})
+    code, out, _ = graph(capsys, MINI, "--trace", str(r0), "--trace", str(r1), "-f", "json")
+    assert code == 0
+    stages = {s["name"]: s for s in json.loads(out)["stages"]}
+    assert (stages["attn_layers"]["duration"], stages["attn_layers"]["slowest"]) == (0.5, "rank 0")
+    assert (stages["kv_caches"]["duration"], stages["kv_caches"]["slowest"]) == (0.9, "rank 1")
+    _, text, _ = graph(capsys, MINI, "--trace", str(r0), "--trace", str(r1))
+    (line,) = [ln for ln in text.splitlines() if "900.0ms kv_caches " in ln]
+    assert line.endswith("[slowest: rank 1]")
+    _, blame_out, _ = graph(capsys, MINI, "--trace", str(r0), "--trace", str(r1), "--blame")
+    assert blame_out.splitlines()[0].endswith("(kv_cache_config, slowest: rank 1)")
+    # one file: no rank column anywhere
+    _, one, _ = graph(capsys, MINI, "--trace", str(r1), "-f", "json")
+    assert all("slowest" not in s for s in json.loads(one)["stages"])

@@ -94,7 +94,8 @@ def seeded_weights_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def harness(seeded_weights_dir: Path) -> Callable[..., list[dict[str, Any]]]:
     """``harness(tmp, models, *flags)``: run ``python -m initpipe_vllm.testing.equivalence``
     on those tiny models (seeded weights) in a subprocess — an in-process engine mutates its
-    process — and return its JSON report, one entry per model."""
+    process — and return its JSON report, one entry per model; its output is kept in
+    ``tmp / "harness.log"``."""
     from initpipe_vllm.testing import model_dir
 
     def run(tmp: Path, models: list[str], *extra: str) -> list[dict[str, Any]]:
@@ -105,6 +106,7 @@ def harness(seeded_weights_dir: Path) -> Callable[..., list[dict[str, Any]]]:
             cmd += ["--model", str(model_dir(m))]
         env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        (tmp / "harness.log").write_text(proc.stdout + proc.stderr)
         assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
         report: list[dict[str, Any]] = json.loads(out.read_text())
         return report

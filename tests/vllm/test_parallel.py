@@ -32,10 +32,12 @@ RANKS = ("rank0", "rank1")
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory: pytest.TempPathFactory, harness: Any) -> dict[str, Any]:
-    found = {}
+    found: dict[str, Any] = {"logs": {}}
     for case, (models, flags) in CASES.items():
-        for rep in harness(tmp_path_factory.mktemp(case), models, *flags):
+        tmp = tmp_path_factory.mktemp(case)
+        for rep in harness(tmp, models, *flags):
             found[f"{case}-{Path(rep['model']).name}"] = rep
+        found["logs"][case] = (tmp / "harness.log").read_text()
     return found
 
 
@@ -79,3 +81,11 @@ def test_pipeline_parallel_ranks_hold_different_layers(reports: Any) -> None:
         for rank in RANKS
     ]
     assert layers[0] and layers[1] and not set(layers[0]) & set(layers[1]), layers
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_ranks_stage_lines_name_the_rank(reports: Any, case: str) -> None:
+    log = reports["logs"][case]
+    for rank in (0, 1):
+        assert f"initpipe rank {rank} kv_cache_config allocated_kv_caches" in log, case
+        assert f"initpipe rank {rank} kv_cache_config phase: " in log, case
