@@ -14,7 +14,10 @@ match and the workload saw the KV cache, printing what differs. ``--resize 32,12
 (seeded weights too) resizes the running engine's KV cache to each block count in turn
 after the first generation (:func:`initpipe_vllm.resize_kv_cache`), prints each report and
 generates again, then starts a fresh stock engine of each size and exits 1 unless the
-tokens and logprobs are the same.
+tokens and logprobs are the same. ``--tensor-parallel-size N`` / ``--pipeline-parallel-size
+M`` run several workers (vLLM's multiprocess executor; on CPU the thread binding is set
+when unset): their stages run in other processes, so each rank's stages are printed from
+its trace once the engine is up, and ``--compare-stock`` compares every rank.
 Replaces nothing in vLLM.
 """
 
@@ -72,6 +75,18 @@ def _summary(worker: Any) -> dict[str, Any]:
     }
 
 
+def _print_ranks_stages(summaries: list[dict[str, Any]]) -> None:
+    """Several workers: their stages ran in other processes; show each rank's from its
+    trace (the order they ran in)."""
+    for rank, summary in enumerate(summaries):
+        _say(f"\nrank {rank}: stages as they ran ({summary['runner_class']})")
+        for e in summary["events"]:
+            if e["kind"] in ("stage", "teardown"):
+                what = e["name"] if e["kind"] == "stage" else f"teardown {e['name']}"
+                mark = "" if e["outcome"] == "ok" else f"  {e['outcome'].upper()}: {e['error']}"
+                _say(f"  [{e['phase']:15}] {what:44} {e['duration'] * 1e3:9.3f} ms{mark}")
+
+
 def _print_summary(summary: dict[str, Any]) -> None:
     stages = [e for e in summary["events"] if e["kind"] == "stage"]
     spans = [e for e in summary["events"] if e["kind"] == "span"]
@@ -121,11 +136,12 @@ def _stop(llm: Any) -> None:
 
 
 def _observe(llm: Any, task: str) -> dict[str, Any]:
-    from ..testing.equivalence import _snapshot, run_workload
+    """Outputs, and every rank's runner snapshot at init and after the workload."""
+    from ..testing.equivalence import _ranks, _snapshot, run_workload
 
-    init = llm.collective_rpc(_snapshot)[0]
+    init = _ranks(llm.collective_rpc(_snapshot))
     outputs = run_workload(llm, task, salt=1)
-    return {"init": init, "outputs": outputs, "after": llm.collective_rpc(_snapshot)[0]}
+    return {"init": init, "outputs": outputs, "after": _ranks(llm.collective_rpc(_snapshot))}
 
 
 def _print_outputs(task: str, workload: dict[str, Any]) -> None:
@@ -196,6 +212,20 @@ def _parser() -> argparse.ArgumentParser:
         "size (seeded weights)",
     )
     p.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="workers per pipeline stage (vLLM's multiprocess executor)",
+    )
+    p.add_argument(
+        "--pipeline-parallel-size",
+        type=int,
+        default=1,
+        metavar="M",
+        help="pipeline stages (runs without enforce_eager: vLLM's CPU runner needs it)",
+    )
+    p.add_argument(
         "-v",
         "--verbose",
         action="store_true",
@@ -213,19 +243,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.kv_bytes <= 0:
         print("Error: --kv-bytes must be a positive number of bytes", file=sys.stderr)
         return 2
+    for flag in ("tensor_parallel_size", "pipeline_parallel_size"):
+        if getattr(args, flag) < 1:
+            print(f"Error: --{flag.replace('_', '-')} must be 1 or more", file=sys.stderr)
+            return 2
+    world = args.tensor_parallel_size * args.pipeline_parallel_size
+    if world > 1:
+        from ..hook.parallel import default_cpu_thread_binding
+
+        # vLLM's CPU build stops on a one-NUMA-node machine without a binding per rank
+        bound = default_cpu_thread_binding(world)
+        if bound is not None:
+            print(f"VLLM_CPU_OMP_THREADS_BIND={bound} (one core list per rank)")
     # In-process engine: the StageError itself reaches us, and startup is ~10 s faster.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if not args.verbose:  # our own lines show each stage; vLLM's INFO lines only on request
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if args.trace is not None:
         os.environ["INITPIPE_TRACE"] = str(args.trace)
-    from ..testing.equivalence import loadable_model
+    from ..testing.equivalence import loadable_model, parallel_engine_kwargs
     from ..testing.weights import WeightsError
 
     weights = "seeded" if args.compare_stock or args.resize else "dummy"
+    parallel = parallel_engine_kwargs(args.tensor_parallel_size, args.pipeline_parallel_size)
     try:
         with loadable_model(args.model, weights=weights, weights_dir=args.weights_dir) as found:
-            return _run(args, *found)
+            model, extra = found
+            return _run(args, model, {**extra, **parallel})
     except WeightsError as err:  # an architecture transformers cannot build
         print(f"Error: --compare-stock: {err}", file=sys.stderr)
         return 1
@@ -251,8 +295,11 @@ def _run(args: argparse.Namespace, model: Path, extra: dict[str, Any]) -> int:
         progress.remove_listener(_print_event)
     resized: list[tuple[int, Any]] = []
     try:
+        summaries = llm.collective_rpc(_summary)
+        summary = summaries[0]
+        if len(summaries) > 1:
+            _print_ranks_stages(summaries)
         piped = _observe(llm, task)
-        summary = llm.collective_rpc(_summary)[0]
         if args.resize:
             resized = _resize_steps(llm, task, args.resize)
     finally:
@@ -260,11 +307,15 @@ def _run(args: argparse.Namespace, model: Path, extra: dict[str, Any]) -> int:
         del llm
         gc.collect()
     _print_outputs(task, piped["outputs"])
+    if len(summaries) > 1:
+        _say(f"\n(summary of rank 0 of {len(summaries)})")
     _print_summary(summary)
-    paths = progress.trace_paths() if args.trace is not None else None
-    if paths is not None:
-        chrome = f" (and {paths[1]})" if paths[1] is not None else ""
-        _say(f"\ntrace: {args.trace}{chrome}")
+    world = len(summaries)
+    for rank in range(world) if args.trace is not None else ():
+        paths = progress.trace_paths(rank, world)
+        if paths is not None:
+            chrome = f" (and {paths[1]})" if paths[1] is not None else ""
+            _say(f"\ntrace: {paths[0]}{chrome}")
     status = 0
     if resized:
         status = _check_resized(model, args.kv_bytes, extra, task, resized)

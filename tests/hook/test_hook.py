@@ -100,6 +100,49 @@ def test_initpipe_run_shows_stages_tokens_summary_and_matches_stock(tmp_path):
     assert {e["name"] for e in chrome["traceEvents"] if e["ph"] == "X"} >= spans
 
 
+def test_initpipe_run_with_two_workers_shows_every_ranks_stages(tmp_path):
+    """TP=2: the stages run in two worker processes; each rank's are printed from its
+    trace, each rank writes its own trace file, and ``initpipe graph`` reads both."""
+    trace = tmp_path / "tp.json"
+    env = env_for()
+    env.pop("VLLM_CPU_OMP_THREADS_BIND", None)  # initpipe run sets it
+    cmd = ["run", "--tensor-parallel-size", "2", "--trace", str(trace)]
+    res = subprocess.run(
+        [sys.executable, "-m", "initpipe.cli", *cmd],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = res.stdout
+    assert res.returncode == 0, out[-3000:] + res.stderr[-3000:]
+    from initpipe_vllm import base_catalog
+
+    assert "VLLM_CPU_OMP_THREADS_BIND=" in out
+    blocks = out.split("\nrank ")[1:]
+    assert [b.split(":", 1)[0] for b in blocks] == ["0", "1"]
+    for block in blocks:
+        assert "PipelinedCPUModelRunner" in block.splitlines()[0]
+        for name in base_catalog().order:
+            assert f"] {name} " in block
+    assert "generate outputs for 2 fixed prompts:" in out
+    ranks = [tmp_path / f"tp.rank{r}.json" for r in (0, 1)]
+    assert all(p.is_file() for p in ranks) and not trace.exists()
+    traces = [arg for p in ranks for arg in ("--trace", str(p))]
+    graph = subprocess.run(
+        [sys.executable, "-m", "initpipe.cli", "graph", *traces, "-f", "json"],
+        env=env_for(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert graph.returncode == 0, graph.stderr
+    stages = json.loads(graph.stdout)["stages"]
+    timed = [s for s in stages if s.get("duration") is not None]
+    assert len(timed) == len(base_catalog().order)
+    assert {s["slowest"] for s in timed} <= {"rank 0", "rank 1"}
+
+
 def test_initpipe_run_rejects_a_folder_without_config(tmp_path):
     res = subprocess.run(
         [sys.executable, "-m", "initpipe.cli", "run", "--model", str(tmp_path)],
