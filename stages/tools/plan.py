@@ -47,7 +47,9 @@ platform does not detect FlashAttention's version (its cudagraph support reads
 UNIFORM_BATCH, not FA3's ALWAYS), cudagraphs stay off (``enforce_eager``; the CUDA-graph
 profiling pass is not planned), and batch defaults (``max_num_seqs``,
 ``max_num_batched_tokens``) follow CPU rules — pass the target GPU's values. KV shapes,
-strides, layout and bytes are unaffected. One worker (TP = PP = 1); memory profiling,
+strides, layout and bytes are unaffected. One worker: with tensor/pipeline parallelism, one
+pipeline stage's worker per plan, planned in this process through
+:func:`.plan_meta.rank_identity` (the TP/PP groups answer that rank); memory profiling,
 warm-up, KV connectors and memory pools are not exercised.
 
 Planning mutates process-global vLLM state (distributed groups, the current config, the
@@ -75,6 +77,7 @@ from .plan_meta import (
     ensure_distributed,
     meta_model,
     meta_runner,
+    rank_identity,
     target_platform,
 )
 from .plan_stages import PLAN_STAGES
@@ -139,6 +142,9 @@ class Plan:
     stages: tuple[str, ...]
     seconds: dict[str, float]
     notes: tuple[str, ...]
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    pp_rank: int = 0  # the pipeline stage planned (every TP rank of it is the same)
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as JSON-ready builtins (tuples become lists)."""
@@ -159,6 +165,13 @@ class Plan:
             f"cudagraphs   {self.cudagraph_mode}",
             f"groups       {len(self.groups)}",
         ]
+        if self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+            out.insert(
+                1,
+                f"rank         pipeline stage {self.pp_rank} of {self.pipeline_parallel_size}, "
+                f"any of its {self.tensor_parallel_size} tensor-parallel ranks (each "
+                "allocates this)",
+            )
         for g in self.groups:
             out.append(
                 f"  [{g.index}] {g.spec} block {g.block_size}, {len(g.layers)} layers, "
@@ -222,6 +235,9 @@ def plan(
     max_num_batched_tokens: int | None = None,
     block_size: int | None = None,
     kv_cache_dtype: str | None = None,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    pp_rank: int = 0,
 ) -> Plan:
     """Plan a worker's KV cache for ``model_dir`` on the meta device.
 
@@ -231,7 +247,10 @@ def plan(
         kv_bytes: a KV memory budget in bytes instead of ``num_blocks``.
         backend: ``FLASH_ATTN``, ``TRITON_ATTN`` or ``CPU_ATTN``; None: the platform's.
         dtype, max_model_len, max_num_seqs, max_num_batched_tokens, block_size,
-            kv_cache_dtype: as vLLM's engine arguments of the same names.
+            kv_cache_dtype, tensor_parallel_size, pipeline_parallel_size: as vLLM's engine
+            arguments of the same names (``num_blocks`` / ``kv_bytes`` are per worker).
+        pp_rank: the pipeline stage to plan (its layers); every tensor-parallel rank of
+            a stage allocates the same, so tensor rank 0 stands for them.
 
     Returns:
         The :class:`Plan`.
@@ -250,6 +269,20 @@ def plan(
         raise ValueError("give exactly one of num_blocks and kv_bytes.")
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is not one of {list(BACKENDS)}.")
+    if tensor_parallel_size < 1 or pipeline_parallel_size < 1:
+        raise ValueError("tensor_parallel_size and pipeline_parallel_size must be 1 or more.")
+    if not 0 <= pp_rank < pipeline_parallel_size:
+        raise ValueError(
+            f"pp_rank={pp_rank}: a pipeline of {pipeline_parallel_size} stage(s) has ranks "
+            f"0..{pipeline_parallel_size - 1}."
+        )
+    parallel: dict[str, Any] = {}
+    if tensor_parallel_size * pipeline_parallel_size > 1:
+        parallel = {
+            "tensor_parallel_size": tensor_parallel_size,
+            "pipeline_parallel_size": pipeline_parallel_size,
+            "distributed_executor_backend": "mp",
+        }
     try:
         import vllm  # noqa: F401
     except ImportError as err:
@@ -271,10 +304,15 @@ def plan(
         block_size=block_size,
         max_num_batched_tokens=max_num_batched_tokens,
         kv_cache_dtype=kv_cache_dtype,
+        **parallel,
     )
     pipeline = planning_pipeline()
-    with set_current_vllm_config(cfg):
+    with (
+        set_current_vllm_config(cfg),
+        contextlib.ExitStack() as stack,
+    ):
         ensure_distributed()
+        stack.enter_context(rank_identity(tensor_parallel_size, 0, pipeline_parallel_size, pp_rank))
         model = meta_model(cfg, backend)
         runner = meta_runner(cfg)
         t_setup = time.perf_counter()
@@ -301,6 +339,9 @@ def plan(
     t_end = time.perf_counter()
     return attrs.evolve(
         result,
+        tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size,
+        pp_rank=pp_rank,
         stages=stages,
         seconds={
             "setup": round(t_setup - t0, 3),
@@ -405,9 +446,17 @@ def _read_plan(
 
 
 def _notes(backend: str, platform: Any, cfg: Any) -> tuple[str, ...]:
+    parallel = cfg.parallel_config
+    world = (
+        "one worker (TP = PP = 1)"
+        if parallel.world_size == 1
+        else f"one worker of TP={parallel.tensor_parallel_size} x "
+        f"PP={parallel.pipeline_parallel_size}, planned in one process: the model-parallel "
+        "groups answer that rank's identity while vLLM partitions heads and layers"
+    )
     notes = [
         "planned on device=meta from config.json: no weights, no KV memory, no memory "
-        "profiling, warm-up, KV connector or memory pool; one worker (TP = PP = 1)."
+        f"profiling, warm-up, KV connector or memory pool; {world}."
     ]
     if platform.is_cpu() and backend in ("FLASH_ATTN", "TRITON_ATTN"):
         sched = cfg.scheduler_config
@@ -489,6 +538,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-num-batched-tokens", type=_positive, help="the target GPU's max_num_batched_tokens"
     )
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=_positive,
+        default=1,
+        help="KV heads split over N ranks (sizes are per worker)",
+    )
+    p.add_argument(
+        "--pipeline-parallel-size",
+        type=_positive,
+        default=1,
+        help="layers split over M stages: one plan per stage (JSON: a list)",
+    )
     return p
 
 
@@ -515,24 +576,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            result = plan(
-                args.model,
-                args.num_blocks,
-                args.kv_bytes,
-                args.backend,
-                dtype=args.dtype,
-                max_model_len=args.max_model_len,
-                max_num_seqs=args.max_num_seqs,
-                max_num_batched_tokens=args.max_num_batched_tokens,
-                block_size=args.block_size,
-                kv_cache_dtype=args.kv_cache_dtype,
-            )
+            results = [
+                plan(
+                    args.model,
+                    args.num_blocks,
+                    args.kv_bytes,
+                    args.backend,
+                    dtype=args.dtype,
+                    max_model_len=args.max_model_len,
+                    max_num_seqs=args.max_num_seqs,
+                    max_num_batched_tokens=args.max_num_batched_tokens,
+                    block_size=args.block_size,
+                    kv_cache_dtype=args.kv_cache_dtype,
+                    tensor_parallel_size=args.tensor_parallel_size,
+                    pipeline_parallel_size=args.pipeline_parallel_size,
+                    pp_rank=rank,
+                )
+                for rank in range(args.pipeline_parallel_size)
+            ]
     except Exception as err:  # every failure is reported in one line, with its cause
         cause = err.__cause__ if err.__cause__ is not None else None
         detail = f" (caused by {type(cause).__name__}: {cause})" if cause else ""
         print(f"Error: {type(err).__name__}: {err}{detail}", file=sys.stderr)
         return 1
-    print(json.dumps(result.to_dict(), indent=2) if args.json else result.summary())
+    if args.json:
+        data = [r.to_dict() for r in results]
+        print(json.dumps(data if len(data) > 1 else data[0], indent=2))
+    else:
+        print("\n\n".join(r.summary() for r in results))
     return 0
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "meta_runner",
     "needs_override",
     "platform_answers",
+    "rank_identity",
     "target_platform",
 ]
 
@@ -73,6 +74,31 @@ def ensure_distributed() -> None:
             distributed_init_method=f"file://{store}",
         )
     ensure_model_parallel_initialized(1, 1)
+
+
+@contextlib.contextmanager
+def rank_identity(
+    tensor_parallel_size: int, tp_rank: int, pipeline_parallel_size: int, pp_rank: int
+) -> Iterator[None]:
+    """While planning, the world-size-1 TP and PP groups answer one rank's identity (size,
+    rank in group, first/last rank), so vLLM's own partitioning decides that rank's share:
+    ``get_tensor_model_parallel_world_size`` splits the heads, ``get_pp_group`` and
+    ``get_pp_indices`` pick the layers. Nothing communicates while a model is built on
+    meta; collectives would fail (the group still has one process)."""
+    from vllm.distributed import parallel_state as ps
+
+    groups = (
+        (ps.get_tp_group(), tensor_parallel_size, tp_rank),
+        (ps.get_pp_group(), pipeline_parallel_size, pp_rank),
+    )
+    saved = [(g, g.world_size, g.rank_in_group, g.ranks, g.rank) for g, _, _ in groups]
+    try:
+        for g, size, rank in groups:
+            g.world_size, g.rank_in_group, g.ranks, g.rank = size, rank, list(range(size)), rank
+        yield
+    finally:
+        for g, size, rank, ranks, global_rank in saved:
+            g.world_size, g.rank_in_group, g.ranks, g.rank = size, rank, ranks, global_rank
 
 
 def needs_override(backend: str | None) -> bool:

@@ -89,3 +89,32 @@ def test_every_ranks_stage_lines_name_the_rank(reports: Any, case: str) -> None:
     for rank in (0, 1):
         assert f"initpipe rank {rank} kv_cache_config allocated_kv_caches" in log, case
         assert f"initpipe rank {rank} kv_cache_config phase: " in log, case
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_initpipe_plan_of_each_rank_matches_its_real_allocation(reports: Any, case: str) -> None:
+    """``initpipe plan --tensor-parallel-size / --pipeline-parallel-size``, planned on meta
+    in one process, gives each rank the KV views the real stock workers allocated."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from initpipe_vllm.testing import model_dir
+
+    snap = reports[f"{case}-tiny-llama"]["stock"]["after_a"]
+    cmd = [sys.executable, "-m", "initpipe_vllm.tools.plan", "--json"]
+    cmd += ["--model", str(model_dir("tiny-llama"))]
+    cmd += ["--num-blocks", str(snap["rank0"]["kv_cache_config"]["num_blocks"])]
+    cmd += ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "4"]
+    cmd += ["--max-num-batched-tokens", "64", *CASES[case][1]]
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    plans = out if isinstance(out, list) else [out, out]  # TP ranks allocate the same
+    for rank, plan in zip(RANKS, plans, strict=True):
+        keys = ("shape", "stride", "dtype")
+        real = [{k: v[k] for k in keys} for v in snap[rank]["runner_kv_caches"]]
+        planned = [{k: lp[k] for k in keys} for lp in plan["layers"]]
+        assert planned == real, rank

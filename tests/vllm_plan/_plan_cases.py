@@ -64,6 +64,26 @@ def main() -> None:
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
         out[f"big_{backend}"] = result
+    # Llama-3-70B's shape at TP=8 x PP=2: one plan per pipeline stage
+    huge = os.path.join(os.path.dirname(big), "llama3-70b-shape")
+    t0 = time.perf_counter()
+    out["huge_tp8_pp2"] = {
+        "ranks": [
+            case(
+                model_dir=huge,
+                num_blocks=20_000,
+                backend="FLASH_ATTN",
+                tensor_parallel_size=8,
+                pipeline_parallel_size=2,
+                pp_rank=rank,
+            )
+            for rank in (0, 1)
+        ],
+        "measured": {
+            "wall_s": time.perf_counter() - t0,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        },
+    }
     print(json.dumps(out))
 
 

@@ -273,3 +273,25 @@ def test_cli_json_prints_only_the_plan_on_stdout(runs: dict[str, Any]) -> None:
     assert data["layout"] == "LBNHC" and data["block_size"] == 16
     assert any("batch defaults follow CPU rules" in n for n in data["notes"])
     assert "Error" not in runs["cli_stderr"]
+
+
+@needs_vllm
+def test_llama3_70b_shape_at_tp8_pp2_plans_each_stage_with_vllms_partitioning(
+    runs: dict[str, Any],
+) -> None:
+    """Heads split by TP (8 KV heads / 8 ranks = 1), layers split by PP (vLLM's
+    ``get_pp_indices``: 40 + 40), bytes per worker. Planned in one process on meta."""
+    huge = runs["cases"]["huge_tp8_pp2"]
+    ranks = huge["ranks"]
+    for rank, p in enumerate(ranks):
+        assert "error" not in p, p
+        parallel = (p["tensor_parallel_size"], p["pipeline_parallel_size"], p["pp_rank"])
+        assert parallel == (8, 2, rank)
+        assert len(p["layers"]) == 40
+        assert {g["spec"] for g in p["groups"]} == {"FullAttentionSpec"}
+        # FLASH_ATTN block 16: 20,000 blocks x 40 layers x 16 tokens x 1 head x 128 x K,V x bf16
+        assert p["total_bytes"] == 20_000 * 40 * 16 * 1 * 128 * 2 * 2
+    names = [[lp["name"] for lp in p["layers"]] for p in ranks]
+    assert names[0][0] == "model.layers.0.self_attn.attn"
+    assert names[1][0] == "model.layers.40.self_attn.attn"
+    assert names[1][-1] == "model.layers.79.self_attn.attn"
