@@ -16,7 +16,8 @@ Environment:
   beside it (``FILE`` with ``.chrome.json``) after each KV phase and at shutdown. With
   several workers, each writes ``FILE`` with ``.rank<N>`` before the suffix.
 - Failure traces go to ``INITPIPE_TRACE``'s path with ``.failure`` before the suffix, or,
-  when it is unset, to ``failure-<pid>.json`` in a private per-user folder
+  when it is unset, to ``failure-<pid>.json`` (``failure-<pid>-rank<N>.json`` with several
+  workers) in a private per-user folder
   (``initpipe.files.private_dir()``: ``$XDG_RUNTIME_DIR/initpipe``, else
   ``<tmp>/initpipe-<uid>``, mode 0700).
 - ``INITPIPE_TRACE`` may name a device or FIFO (``/dev/stdout``, a pipe): the JSON trace is
@@ -41,6 +42,7 @@ __all__ = [
     "ENV_TRACE",
     "add_listener",
     "failure_trace_path",
+    "failure_trace_pattern",
     "listeners",
     "log_event",
     "log_phase",
@@ -183,7 +185,16 @@ def failure_trace_path(rank: int = 0, world_size: int = 1) -> Path:
     paths = trace_paths(rank, world_size)
     if paths is not None and paths[1] is not None:
         return _with_suffix(paths[0], ".failure")
-    return private_dir() / f"failure-{os.getpid()}.json"
+    tag = f"-rank{rank}" if world_size > 1 else ""
+    return private_dir() / f"failure-{os.getpid()}{tag}.json"
+
+
+def failure_trace_pattern(world_size: int) -> str:
+    """Where every rank's failure trace is, as a glob pattern (several workers)."""
+    paths = trace_paths(0, 1)
+    if paths is not None and paths[1] is not None:
+        return str(_with_suffix(paths[0], ".rank*.failure"))
+    return str(private_dir() / ("failure-*-rank*.json" if world_size > 1 else "failure-*.json"))
 
 
 def report_failure(
@@ -205,8 +216,9 @@ def report_failure(
         )
         path = None
     logger.error(
-        "initpipe: stage %r failed in phase %r: %s: %s; completed: %s; rolled back: "
+        "%s: stage %r failed in phase %r: %s: %s; completed: %s; rolled back: "
         "%s; failure trace: %s",
+        _who(rank if world_size > 1 else None),
         err.stage,
         err.phase,
         type(err.__cause__).__name__,
@@ -215,4 +227,13 @@ def report_failure(
         ", ".join(err.rolled_back) or "nothing",
         path or "not written",
     )
+    if world_size > 1:
+        # Only the first failing rank's error reaches the engine: say which rank it is and
+        # where every rank's trace (what each completed and rolled back) can be read.
+        err.rank = rank
+        err.args = (
+            f"on rank {rank} of {world_size}: {err.args[0]}\n"
+            f"  failure trace of this rank: {path or 'not written'}; every rank's: "
+            f"{failure_trace_pattern(world_size)}",
+        )
     return path

@@ -143,6 +143,65 @@ def test_initpipe_run_with_two_workers_shows_every_ranks_stages(tmp_path):
     assert {s["slowest"] for s in timed} <= {"rank 0", "rank 1"}
 
 
+TP_FAILING = """
+import os, sys
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+if __name__ == "__main__":  # vLLM spawns its workers: they import this file
+    from vllm import LLM
+    from initpipe_vllm.hook.parallel import default_cpu_thread_binding
+    from initpipe_vllm.testing.equivalence import engine_kwargs, parallel_engine_kwargs
+    from initpipe_vllm.tools.run import DEFAULT_MODEL
+
+    default_cpu_thread_binding(2)
+    kwargs, _ = engine_kwargs(DEFAULT_MODEL, **parallel_engine_kwargs(2))
+    try:
+        LLM(**kwargs, worker_cls="initpipe_vllm.worker.PipelinedWorker")
+    except Exception as err:
+        print("ENGINE ERROR:", err)
+        sys.exit(3)
+"""
+
+
+def test_a_stage_failing_on_several_ranks_names_the_rank_and_every_ranks_trace(tmp_path):
+    """TP=2: only the first failing rank's error reaches the engine; it names that rank
+    and where every rank's failure trace (what it completed and rolled back) is."""
+    script = tmp_path / "fail_tp.py"
+    script.write_text(TP_FAILING)
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    env = env_for(INITPIPE_INJECT_FAULT="allocated_kv_caches", XDG_RUNTIME_DIR=str(runtime))
+    env.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+    res = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+        env=env,
+    )
+    log = res.stdout + res.stderr
+    assert res.returncode == 3, log[-3000:]
+    (message,) = [x for x in res.stdout.splitlines() if x.startswith("ENGINE ERROR:")]
+    rank = int(message.split("on rank ", 1)[1].split(" of 2:", 1)[0])
+    assert "stage 'allocated_kv_caches'" in message
+    assert f"every rank's: {runtime / 'initpipe' / 'failure-*-rank*.json'}" in log
+    for r in (0, 1):  # each rank logged its own failure and wrote its own trace
+        (line,) = [
+            x for x in log.splitlines() if f"initpipe rank {r}: stage 'allocated_kv_caches'" in x
+        ]
+        path = Path(line.rsplit("failure trace: ", 1)[1].strip())
+        assert path.name.endswith(f"-rank{r}.json") and path.parent == runtime / "initpipe"
+        events = json.loads(path.read_text())["events"]
+        assert any(e["name"] == "allocated_kv_caches" and e["outcome"] == "error" for e in events)
+        # nothing half-built: the completed KV stages were rolled back (teardowns ran)
+        rolled_back = line.split("rolled back: ", 1)[1].split(";", 1)[0].split(", ")
+        assert {"runner_kv_cache_config", "metadata_builders"} <= set(rolled_back)
+        assert any(e["name"] == "metadata_builders" and e["kind"] == "teardown" for e in events)
+    assert f"failure trace of this rank: {runtime / 'initpipe'}" in log
+    assert f"-rank{rank}.json" in log
+
+
 def test_initpipe_run_rejects_a_folder_without_config(tmp_path):
     res = subprocess.run(
         [sys.executable, "-m", "initpipe.cli", "run", "--model", str(tmp_path)],
