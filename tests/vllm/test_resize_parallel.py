@@ -13,7 +13,8 @@ TP=2, the harness's workload:
   the stage; both ranks roll back to ``B`` and equal the oracle again;
 - ``kv_cache_memory_bytes`` is per worker: asking for one rank's bytes at ``B`` gives ``B``
   blocks, and the report sums the ranks' bytes;
-- release -> resume equals the oracle.
+- release -> resume equals the oracle; a grow back to ``A`` equals a fresh stock TP=2
+  engine started at ``A``.
 
 Run as a script (``python test_resize_parallel.py OUT.json WEIGHTS_DIR``) it is that
 subprocess.
@@ -96,10 +97,11 @@ def main(out: str, weights_dir: str) -> None:
     default_cpu_thread_binding(TP)
     rec: dict[str, Any] = {}
     with loadable_model(MODEL, weights_dir=weights_dir) as (folder, extra):
-        fresh = _engine(folder, extra, B, pipelined=False)
-        rec["fresh_B"] = _state(fresh)
-        fresh.llm_engine.engine_core.shutdown()
-        del fresh
+        for blocks in (B, A):
+            fresh = _engine(folder, extra, blocks, pipelined=False)
+            rec[f"fresh_{blocks}"] = _state(fresh)
+            fresh.llm_engine.engine_core.shutdown()
+            del fresh
 
         llm = _engine(folder, extra, A, pipelined=True)
         from initpipe_vllm.testing.equivalence import run_workload
@@ -121,6 +123,7 @@ def main(out: str, weights_dir: str) -> None:
 
         ip.release_kv_cache(llm)
         rec["resumed"] = {"report": ip.resume_kv_cache(llm).to_dict(), **_state(llm)}
+        rec["grow"] = {"report": ip.resize_kv_cache(llm, num_blocks=A).to_dict(), **_state(llm)}
         llm.llm_engine.engine_core.shutdown()
     Path(out).write_text(json.dumps(rec, default=repr))
 
@@ -146,8 +149,8 @@ def _same(a: Any, b: Any) -> list[str]:
     return diff_snapshots(a, b)
 
 
-def _equals_fresh(rec: Any, state: dict[str, Any]) -> None:
-    fresh = rec["fresh_B"]
+def _equals_fresh(rec: Any, state: dict[str, Any], blocks: int = B) -> None:
+    fresh = rec[f"fresh_{blocks}"]
     assert _same(fresh["outputs"], state["outputs"]) == []
     assert len(state["ranks"]) == TP
     for rank in range(TP):
@@ -193,3 +196,10 @@ def test_release_and_resume_across_ranks(rec: Any) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+
+
+def test_a_grow_across_ranks_equals_a_fresh_engine_of_the_larger_size(rec: Any) -> None:
+    grow = rec["grow"]
+    assert (grow["report"]["blocks_before"], grow["report"]["blocks_after"]) == (B, A)
+    assert _same(rec[f"fresh_{B}"]["scheduler"], grow["scheduler"]) != []  # sizes differ
+    _equals_fresh(rec, grow, A)
