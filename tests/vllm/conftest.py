@@ -112,3 +112,33 @@ def harness(seeded_weights_dir: Path) -> Callable[..., list[dict[str, Any]]]:
         return report
 
     return run
+
+
+@pytest.fixture(scope="session")
+def script_result(
+    tmp_path_factory: pytest.TempPathFactory, seeded_weights_dir: Path
+) -> Callable[..., Any]:
+    """``script_result(__file__, env=None)``: run a test module as a script in a
+    subprocess (``python FILE OUT.json WEIGHTS_DIR``: an in-process engine mutates its
+    process) and return the JSON it wrote. ``env`` entries (None removes one) go over this
+    process's environment; ``VLLM_TARGET_DEVICE`` is ``cpu``."""
+
+    def run(file: str, env: dict[str, str | None] | None = None) -> Any:
+        out = tmp_path_factory.mktemp(Path(file).stem) / "result.json"
+        environ = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
+        for key, value in (env or {}).items():
+            if value is None:
+                environ.pop(key, None)
+            else:
+                environ[key] = value
+        proc = subprocess.run(
+            [sys.executable, file, str(out), str(seeded_weights_dir)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=environ,
+        )
+        assert proc.returncode == 0, proc.stderr[-6000:]
+        return json.loads(out.read_text())
+
+    return run

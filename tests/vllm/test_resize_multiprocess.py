@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -324,26 +323,14 @@ def main(out: str, weights_dir: str) -> None:
 
 
 # -- the tests -----------------------------------------------------------------------------
-def _run(tmp: Path, weights: Path) -> Any:
-    out = tmp / "result.json"
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+@pytest.fixture(scope="module")
+def sync(script_result: Any) -> Any:
     # the test reads runner snapshots through collective_rpc with a function: vLLM sends a
     # function to its engine core process only with pickle allowed (test-only setting)
-    env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-    proc = subprocess.run(
-        [sys.executable, __file__, str(out), str(weights)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
+    return script_result(
+        __file__,
+        {"VLLM_ENABLE_V1_MULTIPROCESSING": None, "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"},
     )
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    return json.loads(out.read_text())
-
-
-@pytest.fixture(scope="module")
-def sync(tmp_path_factory: pytest.TempPathFactory, seeded_weights_dir: Path) -> Any:
-    return _run(tmp_path_factory.mktemp("resize_mp"), seeded_weights_dir)
 
 
 @pytest.fixture(scope="module")

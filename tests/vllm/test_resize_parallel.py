@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -130,17 +129,8 @@ def main(out: str, weights_dir: str) -> None:
 
 # -- the tests -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def rec(tmp_path_factory: pytest.TempPathFactory, seeded_weights_dir: Path) -> Any:
-    out = tmp_path_factory.mktemp("resize_tp") / "result.json"
-    proc = subprocess.run(
-        [sys.executable, __file__, str(out), str(seeded_weights_dir)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"},
-    )
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    return json.loads(out.read_text())
+def rec(script_result: Any) -> Any:
+    return script_result(__file__)
 
 
 def _same(a: Any, b: Any) -> list[str]:
