@@ -201,6 +201,8 @@ def report_failure(
     err: Any, trace: Any, graph: Any, rank: int = 0, world_size: int = 1
 ) -> Path | None:
     """Write the failure trace and log the last line naming the stage and completed ones.
+    With several workers ``err``'s message also gets the rank and where every rank's
+    failure trace is (only the first failing rank's error reaches the engine).
 
     Returns the trace path, or None if it could not be written (the line is logged anyway).
     """

@@ -257,23 +257,23 @@ class KVCacheRoutes:
         await JSONResponse(body, status_code=status, headers=headers)(scope, receive, send)
         return None
 
-    async def _info_now(self, engine: Any) -> dict[str, Any] | None:
-        """The cache's state (None if the engine cannot say); ``resizing`` while this
-        server has a resize in flight."""
-        try:
-            info = await _info(engine, {})
-        except Exception:
-            return None
+    async def _state(self, engine: Any) -> dict[str, Any]:
+        """The cache's state; ``resizing`` while this server has a resize in flight."""
+        info = await _info(engine, {})
         if self._running is not None:
             info["state"] = "resizing"
         return info
 
+    async def _info_now(self, engine: Any) -> dict[str, Any] | None:
+        """:meth:`_state` after a failure (None if the engine cannot say)."""
+        try:
+            return await self._state(engine)
+        except Exception:
+            return None
+
     async def _call(self, route: _Route, engine: Any, body: dict[str, Any]) -> Any:
         if not route.action:
-            info = await _info(engine, body)
-            if self._running is not None:
-                info["state"] = "resizing"
-            return info
+            return await self._state(engine)
         if self._running is not None:
             raise _Problem(
                 HTTPStatus.CONFLICT,

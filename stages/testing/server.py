@@ -63,8 +63,6 @@ class Server:
     url: str
     process: subprocess.Popen[bytes]
     log: Path
-    started: float
-    ready_s: float | None = None
 
     def log_tail(self, chars: int = 4000) -> str:
         try:
@@ -105,7 +103,7 @@ def _start(spec: ServerSpec, log_dir: Path) -> Server:
         process = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
-    return Server(spec, f"http://127.0.0.1:{port}", process, log, time.perf_counter())
+    return Server(spec, f"http://127.0.0.1:{port}", process, log)
 
 
 def _ready(server: Server) -> bool:
@@ -163,7 +161,6 @@ def running_servers(
                     )
                     raise RuntimeError(msg)
                 if _ready(server):
-                    server.ready_s = time.perf_counter() - server.started
                     del waiting[name]
             if waiting and time.perf_counter() > deadline:
                 name, server = next(iter(waiting.items()))

@@ -94,6 +94,7 @@ def _error(err: BaseException) -> dict[str, Any]:
         "message": str(err),
         "step": getattr(err, "step", None),
         "stage": getattr(err, "stage", None),
+        "rank": getattr(err, "rank", None),
         "rolled_back": getattr(err, "rolled_back", None),
     }
 

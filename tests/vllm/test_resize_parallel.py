@@ -76,18 +76,9 @@ def _engine(folder: Path, extra: dict[str, Any], blocks: int, pipelined: bool) -
     return LLM(**kwargs)
 
 
-def _error(err: BaseException) -> dict[str, Any]:
-    return {
-        "type": type(err).__name__,
-        "message": str(err),
-        "step": getattr(err, "step", None),
-        "stage": getattr(err, "stage", None),
-        "rank": getattr(err, "rank", None),
-        "rolled_back": getattr(err, "rolled_back", None),
-    }
-
-
 def main(out: str, weights_dir: str) -> None:
+    from test_resize import _error  # this folder is on sys.path when run as a script
+
     import initpipe_vllm as ip
     from initpipe_vllm.hook.parallel import default_cpu_thread_binding
     from initpipe_vllm.testing.equivalence import loadable_model

@@ -1,7 +1,7 @@
 """Resize over HTTP: ``--middleware initpipe_vllm.serve.kv_cache_routes`` on real servers,
 talked to with a real HTTP client.
 
-Three real OpenAI-compatible servers start together (once for the module), each on
+Four real OpenAI-compatible servers start together (once for the module), each on
 tiny-llama with seeded KV-sensitive weights and the middleware given:
 
 - ``main``: initpipe's pipelined worker, ``--api-key``, started at ``C`` blocks; the tests
