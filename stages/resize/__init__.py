@@ -6,8 +6,10 @@ plans the new cache with vLLM's functions and rebuilds the scheduler's KV cache 
 (:mod:`.engine`, the one module that patches vLLM's ``EngineCore``; its replays of vLLM's
 planning and scheduler set-up are in :mod:`.replay`), the worker side run on
 every rank through ``collective_rpc`` (:mod:`.rank`), and the records they return
-(:mod:`.report`). The KV phase itself is the catalog's: torn down and re-run by the
-pipelined runner.
+(:mod:`.report`); and one test facility, :mod:`.hold` (``INITPIPE_HOLD_STEPS``: an engine
+core that keeps its requests in flight on purpose, the only other patch of vLLM's engine
+core, installed only where that variable is set). The KV phase itself is the catalog's:
+torn down and re-run by the pipelined runner.
 
 Importing this package imports neither torch nor vllm.
 """

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -38,6 +39,7 @@ from ..errors import ResizeError, ResizeRefusedError
 from ..hook import PIPELINED_WORKER
 from ..hook.worker import SUPPORTED_VLLM
 from . import rank as ranks
+from .hold import ENV_HOLD, install_from_env
 from .replay import Plan, plan, plan_or_explain, rebuild_scheduler_kv, refuse
 from .report import STEPS, KVCacheInfo, RankReport, ResizeReport
 
@@ -690,8 +692,9 @@ PLUGIN_NAME = "initpipe_resize"
 
 def register() -> None:
     """``vllm.general_plugins`` entry point ``initpipe_resize``: :func:`install`, in every
-    process (the engine core's own process is reached by nothing else). Never raises: on
-    another vLLM it installs nothing (a resize then says why)."""
+    process (the engine core's own process is reached by nothing else), and the test
+    facility :mod:`.hold` where ``INITPIPE_HOLD_STEPS`` is set. Never raises: on another
+    vLLM it installs no resize (a resize then says why)."""
     from ..errors import UnsupportedRunnerError
 
     try:
@@ -700,3 +703,5 @@ def register() -> None:
         logger.debug("initpipe: live KV resize not installed: %s", err)
     except Exception:
         logger.warning("initpipe: live KV resize not installed", exc_info=True)
+    if install_from_env():  # a test facility: INITPIPE_HOLD_STEPS (see .hold)
+        logger.warning("initpipe: engine core steps held while %s exists", os.environ[ENV_HOLD])

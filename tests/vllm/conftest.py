@@ -25,6 +25,8 @@ pytest.importorskip("vllm")
 from initpipe_vllm.runner import pipelined_runner_class
 from initpipe_vllm.testing import build_runner, plan_kv_cache_config, tiny_vllm_config
 
+TESTS = Path(__file__).resolve().parents[1]
+
 
 @contextmanager
 def current(runner: Any) -> Iterator[None]:
@@ -121,11 +123,16 @@ def script_result(
     """``script_result(__file__, env=None)``: run a test module as a script in a
     subprocess (``python FILE OUT.json WEIGHTS_DIR``: an in-process engine mutates its
     process) and return the JSON it wrote. ``env`` entries (None removes one) go over this
-    process's environment; ``VLLM_TARGET_DEVICE`` is ``cpu``."""
+    process's environment; ``VLLM_TARGET_DEVICE`` is ``cpu``; ``tests/`` is on its
+    ``PYTHONPATH`` (the suite's shared helpers)."""
 
     def run(file: str, env: dict[str, str | None] | None = None) -> Any:
         out = tmp_path_factory.mktemp(Path(file).stem) / "result.json"
         environ = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
+        # the suite's shared helpers (tests/waiting.py ...) import in the script too
+        environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(TESTS), environ.get("PYTHONPATH")) if p
+        )
         for key, value in (env or {}).items():
             if value is None:
                 environ.pop(key, None)

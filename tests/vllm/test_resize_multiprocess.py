@@ -27,16 +27,19 @@ subprocess.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import until_async
 
 A, B, C = 24, 12, 40
 MODEL = Path(__file__).resolve().parents[2] / "stages" / "models" / "tiny-llama"
 LONG = 300  # tokens the in-flight requests generate
+PROMPT = 150  # tokens of their prompts
 
 
 def _snap(worker: Any) -> Any:
@@ -78,13 +81,14 @@ def _prompt(seed: int) -> list[int]:
     import random
 
     rng = random.Random(seed)
-    return [rng.randrange(3, 500) for _ in range(150)]
+    return [rng.randrange(3, 500) for _ in range(PROMPT)]
 
 
-def _sync(folder: Path, extra: dict[str, Any]) -> dict[str, Any]:
+def _sync(folder: Path, extra: dict[str, Any], hold: Path) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
     import initpipe_vllm as ip
+    from initpipe_vllm.resize.hold import UNTIL_PAUSE
 
     rec: dict[str, Any] = {}
     params = SamplingParams(max_tokens=LONG, temperature=0.0, ignore_eos=True, detokenize=False)
@@ -94,9 +98,15 @@ def _sync(folder: Path, extra: dict[str, Any]) -> dict[str, Any]:
     from vllm.inputs import TokensPrompt as TP
 
     llm.generate([TP(prompt_token_ids=_prompt(3))], params, use_tqdm=False)  # warm the cache
+    # in flight when the resize comes, on any machine: the engine core admits the request
+    # (its first token), then runs no step until the resize pauses the scheduler
+    hold.write_text(UNTIL_PAUSE)
     llm.enqueue([TP(prompt_token_ids=_prompt(1))], params, use_tqdm=False)
     first = engine.step()  # blocks until the engine core sent its first token: in flight
-    shrink = ip.resize_kv_cache(llm, num_blocks=B, mode="wait")
+    try:
+        shrink = ip.resize_kv_cache(llm, num_blocks=B, mode="wait")
+    finally:
+        hold.unlink()
     rest = llm.wait_for_completion(use_tqdm=False)
     (waited,) = [o for o in [*first, *rest] if o.finished]
     rec["shrink"] = {
@@ -232,7 +242,7 @@ def _facts(worker: Any) -> Any:
     return _kv_facts(worker)
 
 
-async def _async(folder: Path, extra: dict[str, Any]) -> dict[str, Any]:
+async def _async(folder: Path, extra: dict[str, Any], hold: Path) -> dict[str, Any]:
     import asyncio
 
     from vllm import SamplingParams
@@ -240,6 +250,7 @@ async def _async(folder: Path, extra: dict[str, Any]) -> dict[str, Any]:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     import initpipe_vllm as ip
+    from initpipe_vllm.resize.hold import UNTIL_PAUSE
 
     kwargs = _kwargs(folder, extra, A, pipelined=True)
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
@@ -248,32 +259,51 @@ async def _async(folder: Path, extra: dict[str, Any]) -> dict[str, Any]:
         params = SamplingParams(max_tokens=LONG, temperature=0.0, ignore_eos=True, detokenize=False)
         facts = (await engine.collective_rpc(_facts))[0]
 
-        async def started(rid: str, seed: int) -> asyncio.Task[Any]:
+        async def info() -> dict[str, Any]:
+            return dict((await ip.kv_cache_info_async(engine)).to_dict())
+
+        async def started(rid: str, seed: int, text: str) -> asyncio.Task[Any]:
+            """The request, admitted by the engine core (it holds its prompt's blocks), whose
+            steps are then held while the hold file exists (see initpipe_vllm.resize.hold)."""
+            hold.write_text(text)
             task = asyncio.create_task(_agenerate(engine, _prompt(seed), params, rid))
-            while not engine.output_processor.request_states:  # registered in the frontend
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.1)  # and running in the engine core
+
+            async def admitted() -> bool:
+                now = await info()
+                used = now["num_blocks"] - 1 - now["free_blocks"]  # the null block is never free
+                return bool(used >= math.ceil(PROMPT / now["block_size"]))
+
+            await until_async("the request holding KV blocks", admitted)
             return task
 
-        task = await started("inflight-wait", 1)
+        async def resizing() -> bool:
+            return bool((await info())["state"] == "resizing")
+
+        task = await started("inflight-wait", 1, "held")
         first = asyncio.create_task(ip.resize_kv_cache_async(engine, num_blocks=B, mode="wait"))
-        await asyncio.sleep(0.05)  # sent first: it waits for the request in flight
-        during = (await ip.kv_cache_info_async(engine)).to_dict()
+        await until_async("resizing (the first resize waiting)", resizing)
+        during = await info()
         try:
             await ip.resize_kv_cache_async(engine, num_blocks=C)
             second: Any = "accepted"
         except Exception as err:
             second = _error(err)
+        held = [first.done(), task.done()]
+        hold.unlink()
         shrink = await first
         done = await task
         rec["wait"] = {
-            "during": {"info": during, "second": second},
+            "during": {"info": during, "second": second, "done": held},
             "report": shrink.to_dict(),
             "tokens": list(done.outputs[0].token_ids),
             "finish": done.outputs[0].finish_reason,
         }
-        task = await started("inflight-abort", 2)
-        aborted = await ip.resize_kv_cache_async(engine, num_blocks=B, mode="abort")
+        # held until the abort resize pauses the scheduler: the request is still running then
+        task = await started("inflight-abort", 2, UNTIL_PAUSE)
+        try:
+            aborted = await ip.resize_kv_cache_async(engine, num_blocks=B, mode="abort")
+        finally:
+            hold.unlink()
         done = await task
         rec["abort"] = {
             "report": aborted.to_dict(),
@@ -311,13 +341,16 @@ async def _async(folder: Path, extra: dict[str, Any]) -> dict[str, Any]:
 def main(out: str, weights_dir: str) -> None:
     import asyncio
 
+    from initpipe_vllm.resize.hold import ENV_HOLD
     from initpipe_vllm.testing.equivalence import loadable_model
 
+    hold = Path(out).with_name("hold-steps")  # the pipelined engine cores' steps held if it exists
     with loadable_model(MODEL, weights_dir=weights_dir) as (folder, extra):
         extra["gpu_memory_utilization"] = 0.3
         fresh = _fresh(folder, extra)
-        result = _sync(folder, extra)
-        result["async"] = asyncio.run(_async(folder, extra))
+        os.environ[ENV_HOLD] = str(hold)  # read by each engine core process at its start
+        result = _sync(folder, extra, hold)
+        result["async"] = asyncio.run(_async(folder, extra, hold))
         result["fresh_B"] = fresh
     Path(out).write_text(json.dumps(result))
 
@@ -388,6 +421,7 @@ def test_async_llm_waits_aborts_and_reports_the_new_size(asynced: Any, sync: Any
     wait, abort = asynced["wait"], asynced["abort"]
     assert wait["finish"] == "length" and len(wait["tokens"]) == LONG
     # while the first waits, the engine says so and refuses a second resize (nothing queues)
+    assert wait["during"]["done"] == [False, False]  # held: neither answered yet
     assert wait["during"]["info"]["state"] == "resizing"
     assert wait["during"]["info"]["num_blocks"] == A
     second = wait["during"]["second"]

@@ -165,3 +165,35 @@ def test_the_cuda_graph_release_drops_every_captured_graph() -> None:
         assert release_cuda_graphs(Runner()) == 0
     finally:
         cls._global_graph_pool = saved
+
+
+def test_held_steps_admit_each_request_and_its_first_token_then_hold(tmp_path: Any) -> None:
+    """The rule of ``INITPIPE_HOLD_STEPS`` (``initpipe_vllm.resize.hold.held``) on a
+    scheduler's state: the real engines in test_serve/test_resize_multiprocess rely on it."""
+    from types import SimpleNamespace
+
+    from vllm.v1.core.sched.interface import PauseState
+
+    from initpipe_vllm.resize.hold import UNTIL_PAUSE, held, install_from_env
+
+    def core(waiting: int = 0, tokens: tuple[int, ...] = (), pause: Any = None) -> Any:
+        running = [SimpleNamespace(num_output_tokens=n) for n in tokens]
+        sched = SimpleNamespace(
+            waiting=[object()] * waiting,
+            running=running,
+            pause_state=pause or PauseState.UNPAUSED,
+        )
+        return SimpleNamespace(scheduler=sched)
+
+    path = tmp_path / "hold"
+    assert not held(core(tokens=(3,)), path)  # no file: never held
+    path.write_text("held")
+    assert held(core(), path) and held(core(tokens=(1, 5)), path)
+    assert not held(core(waiting=1, tokens=(1,)), path)  # a request waits to be scheduled
+    assert not held(core(tokens=(1, 0)), path)  # one has not sent its first token yet
+    assert held(core(tokens=(1,), pause=PauseState.PAUSED_NEW), path)
+    path.write_text(UNTIL_PAUSE)
+    assert held(core(tokens=(1,)), path)
+    assert not held(core(tokens=(1,), pause=PauseState.PAUSED_NEW), path)  # the pause ends it
+    assert not held(core(tokens=(1,), pause=PauseState.PAUSED_ALL), path)
+    assert install_from_env({}) is False and install_from_env({"INITPIPE_HOLD_STEPS": " "}) is False

@@ -5,7 +5,8 @@ Four real OpenAI-compatible servers start together (once for the module), each o
 tiny-llama with seeded KV-sensitive weights and the middleware given:
 
 - ``main``: initpipe's pipelined worker, ``--api-key``, started at ``C`` blocks; the tests
-  resize it;
+  resize it; its engine core holds its steps while a test's hold file exists
+  (``INITPIPE_HOLD_STEPS``), so requests stay in flight when a test needs them to;
 - ``fresh_b``: stock vLLM started at ``B`` blocks, no key, no opt-in: the oracle for ``B``
   and the closed (403) routes;
 - ``fresh_c``: stock vLLM started at ``C`` blocks, no key, ``OPEN_ENV=1``: the oracle for
@@ -22,14 +23,15 @@ differ and a resized server that kept the old size could not pass.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import random
 import re
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import HANG_S, until_async
 
 B, C = 12, 40
 KEY = "initpipe-test-key"
@@ -37,6 +39,7 @@ MODEL = Path(__file__).resolve().parents[2] / "stages" / "models" / "tiny-llama"
 ROUTES = "/initpipe/kv_cache"
 FAULT_STAGE = "allocated_kv_caches"
 LONG = 450  # tokens of the requests that keep a resize waiting (max_model_len is 512)
+PROMPT = 50  # their prompts' tokens
 
 httpx = pytest.importorskip("httpx")
 
@@ -46,6 +49,7 @@ httpx = pytest.importorskip("httpx")
 def servers(tmp_path_factory: pytest.TempPathFactory, seeded_weights_dir: Path) -> Any:
     from initpipe.testing import ENV_FAULT
     from initpipe_vllm.hook import PIPELINED_WORKER
+    from initpipe_vllm.resize.hold import ENV_HOLD
     from initpipe_vllm.serve import OPEN_ENV
     from initpipe_vllm.testing.equivalence import loadable_model, workload_engine_kwargs
     from initpipe_vllm.testing.server import ServerSpec, running_servers
@@ -64,12 +68,13 @@ def servers(tmp_path_factory: pytest.TempPathFactory, seeded_weights_dir: Path) 
 
         common = ["--middleware", "initpipe_vllm.serve.kv_cache_routes"]
         closed = {"VLLM_API_KEY": None, OPEN_ENV: None}
+        hold = tmp_path_factory.mktemp("hold") / "steps"  # main's steps held while it exists
         specs = [
             ServerSpec(
                 "main",
                 engine(C),
                 [*common, "--worker-cls", PIPELINED_WORKER, "--api-key", KEY],
-                closed,
+                {**closed, ENV_HOLD: str(hold)},
             ),
             ServerSpec("fresh_b", engine(B), common, closed),
             ServerSpec("fresh_c", engine(C), common, {"VLLM_API_KEY": None, OPEN_ENV: "1"}),
@@ -91,7 +96,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory, seeded_weights_dir: Path) 
                 for name, s in running.items()
             }
             try:
-                yield {"servers": running, "clients": clients, "model": str(folder)}
+                yield {"servers": running, "clients": clients, "model": str(folder), "hold": hold}
             finally:
                 for client in clients.values():
                     client.close()
@@ -245,7 +250,7 @@ def test_release_refuses_completions_with_503_and_resume_equals_a_fresh_server(
 def test_the_routes_need_the_servers_api_key(servers: Any) -> None:
     url = servers["servers"]["main"].url
     model = servers["model"]
-    with httpx.Client(base_url=url, timeout=60) as anon:
+    with httpx.Client(base_url=url, timeout=HANG_S) as anon:
         for method, path in [("GET", ROUTES), ("POST", f"{ROUTES}/resize")]:
             r = anon.request(method, path, json={"num_blocks": B})
             assert r.status_code == 401, r.text
@@ -255,7 +260,9 @@ def test_the_routes_need_the_servers_api_key(servers: Any) -> None:
         assert wrong.status_code == 401
         # vLLM's own routes take the same key the same way
         assert _complete(anon, model, FIRST).status_code == 401
-    with httpx.Client(base_url=url, timeout=60, headers={"Authorization": f"Bearer {KEY}"}) as c:
+    with httpx.Client(
+        base_url=url, timeout=HANG_S, headers={"Authorization": f"Bearer {KEY}"}
+    ) as c:
         assert c.get(ROUTES).status_code == 200
         assert _complete(c, model, FIRST).status_code == 200
 
@@ -337,11 +344,16 @@ def test_wrong_paths_and_methods_under_the_prefix(main: Any) -> None:
 
 
 def test_two_concurrent_resizes_exactly_one_succeeds(servers: Any, main: Any) -> None:
-    """Requests in flight keep a resize waiting (``mode="wait"``); two resizes sent together
-    then: exactly one runs (after the requests), the other gets 409 at once; meanwhile the
-    state reads ``resizing``; the requests complete on the old cache."""
+    """Requests in flight keep a resize waiting (``mode="wait"``); a second resize sent
+    meanwhile gets 409 at once while the state reads ``resizing``; then the first runs, after
+    the requests, which complete on the old cache.
+
+    Made true, not hoped for: ``main``'s engine core holds its steps while the hold file
+    exists (``INITPIPE_HOLD_STEPS``, :mod:`initpipe_vllm.resize.hold`), from before the
+    requests start until the 409 came: every request is admitted (holds blocks), none can
+    finish, whatever the machine's speed."""
     _at(main, C)
-    model = servers["model"]
+    model, hold = servers["model"], servers["hold"]
     requests = 4  # max_num_seqs: all in flight at once
 
     async def scenario() -> dict[str, Any]:
@@ -352,44 +364,57 @@ def test_two_concurrent_resizes_exactly_one_succeeds(servers: Any, main: Any) ->
             async def info() -> Any:
                 return (await c.get(ROUTES)).json()
 
+            async def admitted() -> bool:
+                # every prompt's blocks are taken (the null block is never free)
+                now = await info()
+                need = requests * math.ceil(PROMPT / now["block_size"])
+                return bool(now["num_blocks"] - 1 - now["free_blocks"] >= need)
+
+            async def resizing() -> bool:
+                return bool((await info())["state"] == "resizing")
+
             def generate(i: int) -> Any:
                 body = {
                     "model": model,
-                    "prompt": _prompt(20 + i, 50),
+                    "prompt": _prompt(20 + i, PROMPT),
                     "max_tokens": LONG,
                     "temperature": 0.0,
                     "ignore_eos": True,
                 }
                 return asyncio.create_task(c.post("/v1/completions", json=body))
 
-            running = [generate(i) for i in range(requests)]
-            deadline = time.monotonic() + 60
-            # in flight: each holds a block (the null block is never free)
-            while (await info())["free_blocks"] > C - 1 - requests:
-                assert time.monotonic() < deadline and not any(t.done() for t in running)
-            resizes = [
-                asyncio.create_task(c.post(f"{ROUTES}/resize", json={"num_blocks": n}))
-                for n in (B, 20)
-            ]
-            while not any(t.done() for t in resizes):  # the refusal comes first
-                await asyncio.sleep(0.01)
-            during = await info()
+            hold.write_text("held by test_two_concurrent_resizes_exactly_one_succeeds")
+            try:
+                running = [generate(i) for i in range(requests)]
+                await until_async("every request holding KV blocks", admitted)
+                first = asyncio.create_task(c.post(f"{ROUTES}/resize", json={"num_blocks": B}))
+                await until_async("resizing (the first resize waiting)", resizing)
+                during = await info()
+                second = await c.post(f"{ROUTES}/resize", json={"num_blocks": 20})
+                pending = [t.done() for t in (first, *running)]
+            finally:
+                hold.unlink(missing_ok=True)
             return {
                 "during": during,
-                "resizes": [await t for t in resizes],
+                "second": second,
+                "pending": pending,
+                "first": await first,
                 "done": [(await t).json() for t in running],
                 "after": await info(),
             }
 
     out = asyncio.run(scenario())
+    assert out["pending"] == [False] * (1 + requests)  # nothing answered while held
     assert out["during"]["state"] == "resizing", out
-    statuses = sorted(r.status_code for r in out["resizes"])
-    assert statuses == [200, 409], [r.text for r in out["resizes"]]
-    ok, refused = sorted(out["resizes"], key=lambda r: r.status_code)
+    assert out["during"]["num_blocks"] == C
+    ok, refused = out["first"], out["second"]
+    assert refused.status_code == 409, refused.text
     assert "another resize" in refused.json()["error"]["message"]
     assert refused.json()["kv_cache"]["state"] == "resizing"
+    assert ok.status_code == 200, ok.text
     assert ok.json()["steps"]["pause"] > 0  # it waited for the requests
-    assert out["after"]["num_blocks"] == ok.json()["blocks_after"]
+    assert (ok.json()["blocks_before"], ok.json()["blocks_after"]) == (C, B)
+    assert out["after"]["num_blocks"] == B and out["after"]["state"] == "serving"
     # the requests in flight finished on the old cache
     assert [d["usage"]["completion_tokens"] for d in out["done"]] == [LONG] * requests
 
