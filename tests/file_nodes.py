@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from waiting import HANG_S
 
 
 def read_fifo(path: Path, into: list[bytes]) -> threading.Thread:
@@ -21,6 +22,12 @@ def read_fifo(path: Path, into: list[bytes]) -> threading.Thread:
     t = threading.Thread(target=read, daemon=True)
     t.start()
     return t
+
+
+def finish(reader: threading.Thread) -> None:
+    """Wait until the reader of :func:`read_fifo` read to the end (the writer closed)."""
+    reader.join(HANG_S)
+    assert not reader.is_alive(), f"the FIFO reader still waits after {HANG_S:.0f} s: a hang"
 
 
 def null_device(tmp_path: Path) -> Path:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from cli_support import CHROMIUM_FLAGS, MINI_DURATIONS
+from waiting import HANG_S
 
 # The toy stage modules (package ``cli_toys``) import from here: in-process through pytest's
 # ``pythonpath`` setting (pyproject.toml), in subprocesses through ``cli_env``'s PYTHONPATH.
@@ -77,7 +78,7 @@ def run_cli(
             cwd=tmp_path,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=HANG_S,
         )
 
     return run
@@ -96,7 +97,7 @@ def chromium(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
             [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *flags, url],
             capture_output=True,
             text=True,
-            timeout=90,
+            timeout=HANG_S,
             cwd=tmp_path,
         )
 

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+from waiting import HANG_S
+
 from initpipe.cli import main
 
 
@@ -26,7 +28,7 @@ def test_plan_usage_error_exits_2_through_the_console_script(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
     )
     assert res.returncode == 2
     assert res.stderr.strip().splitlines()[-1].startswith("Error: ")

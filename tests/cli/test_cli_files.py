@@ -10,7 +10,7 @@ import os
 import stat
 from pathlib import Path
 
-from file_nodes import null_device, read_fifo
+from file_nodes import finish, null_device, read_fifo
 
 from initpipe.cli import main
 
@@ -30,7 +30,7 @@ def test_graph_output_to_a_fifo_and_to_a_symlink(tmp_path: Path) -> None:
     got: list[bytes] = []
     reader = read_fifo(fifo, got)
     assert main(["graph", TOY, "-f", "text", "-o", str(fifo)]) == 0
-    reader.join(10)
+    finish(reader)
     assert b"kv_caches" in got[0] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
     real, link = tmp_path / "g.dot", tmp_path / "link.dot"
     real.write_text("")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from cli_support import MINI_CRITICAL, needs_dot
+from waiting import HANG_S
 
 MINI = "cli_toys.mini_vllm"
 Run = Callable[..., subprocess.CompletedProcess[str]]
@@ -50,7 +51,7 @@ def test_png_to_a_pipe(run_cli: Run, cli_env: dict[str, str]) -> None:
         [sys.executable, "-m", "initpipe.cli", "graph", MINI, "-f", "png"],
         env=cli_env,
         capture_output=True,
-        timeout=60,
+        timeout=HANG_S,
     )
     assert res.returncode == 0
     assert res.stdout.startswith(b"\x89PNG")
@@ -114,7 +115,7 @@ def test_console_script_is_installed(cli_env: dict[str, str]) -> None:
         env=cli_env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_S,
     )
     assert res.returncode == 0
     assert res.stdout == (
@@ -132,7 +133,7 @@ def test_output_does_not_depend_on_the_hash_seed(run_cli: Run, cli_env: dict[str
             env=env,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=HANG_S,
         )
         outs.append(res.stdout)
     assert outs[0] == outs[1] and outs[0]
@@ -144,7 +145,7 @@ def _imported_heavy(cli_env: dict[str, str], argv: list[str]) -> list[str]:
         "print(rc, [m for m in ('torch', 'vllm') if m in sys.modules])"
     )
     res = subprocess.run(
-        [sys.executable, "-c", code], env=cli_env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code], env=cli_env, capture_output=True, text=True, timeout=HANG_S
     )
     rc, _, mods = res.stdout.strip().splitlines()[-1].partition(" ")
     assert rc == "0", res.stderr

@@ -12,7 +12,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from file_nodes import null_device, read_fifo
+from file_nodes import finish, null_device, read_fifo
 
 from initpipe import Pipeline, Trace, stage
 from initpipe.files import private_dir, write_file
@@ -24,7 +24,7 @@ def test_a_fifo_is_written_through_and_stays_a_fifo(tmp_path: Path) -> None:
     got: list[bytes] = []
     reader = read_fifo(fifo, got)
     write_file(fifo, "through the pipe")
-    reader.join(10)
+    finish(reader)
     assert got == [b"through the pipe"]
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]  # no temporary left
@@ -50,7 +50,7 @@ def test_a_symlink_to_a_fifo_writes_through_both(tmp_path: Path) -> None:
     got: list[bytes] = []
     reader = read_fifo(fifo, got)
     write_file(link, b"x")
-    reader.join(10)
+    finish(reader)
     assert got == [b"x"] and link.is_symlink() and stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 
@@ -96,7 +96,7 @@ def test_trace_files_go_through_the_same_rules(tmp_path: Path) -> None:
     got: list[bytes] = []
     reader = read_fifo(fifo, got)
     run.trace.write_json(fifo)
-    reader.join(10)
+    finish(reader)
     assert b'"events"' in got[0] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 

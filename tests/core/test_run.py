@@ -3,10 +3,10 @@ run keeps alive (weakrefs)."""
 
 import gc
 import threading
-import time
 import weakref
 
 import pytest
+from waiting import HANG_S, WatchedLock, until
 
 from initpipe import (
     REQUIRED,
@@ -299,8 +299,11 @@ def test_multi_output_stage_must_return_exactly_its_keys():
 
 
 def test_concurrent_kv_initializations_are_serialized():
+    """Each KV phase stays open until every other call is blocked on the run's lock or
+    done, so the calls really race, on any machine."""
     alive = []
     max_alive = []
+    done = []
 
     def free(out):
         alive.remove(out)
@@ -309,16 +312,25 @@ def test_concurrent_kv_initializations_are_serialized():
     def alloc(kv_cache_config):
         alive.append(kv_cache_config)
         max_alive.append(len(alive))
-        time.sleep(0.05)
+        until("the other calls waiting or done", lambda: lock.blocked + len(done) >= 3)
         return kv_cache_config
 
     run = Pipeline([alloc]).start()
     run.load(model=0)
-    threads = [threading.Thread(target=run.initialize_kv_cache, args=(i,)) for i in range(4)]
+    lock = run._lock = WatchedLock(run._lock)
+
+    def call(i):
+        try:
+            run.initialize_kv_cache(i)
+        finally:
+            done.append(i)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(HANG_S)
+    assert len(done) == 4, "a call hangs"
     assert max(max_alive) == 1
     assert len(alive) == 1 and run.kv_generation == 4
 

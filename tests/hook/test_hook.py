@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from waiting import HANG_S
 
 pytest.importorskip("vllm")
 
@@ -134,7 +135,7 @@ def test_initpipe_run_with_two_workers_shows_every_ranks_stages(tmp_path):
         env=env_for(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
     )
     assert graph.returncode == 0, graph.stderr
     stages = json.loads(graph.stdout)["stages"]
@@ -208,7 +209,7 @@ def test_initpipe_run_rejects_a_folder_without_config(tmp_path):
         env=env_for(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
     )
     assert res.returncode == 2
     assert f"Error: --model {tmp_path}: no config.json" in res.stderr
@@ -257,7 +258,7 @@ def test_graph_marks_the_package_of_extension_stages(site):
         capture_output=True,
         text=True,
         env=env_for(site, INITPIPE_EXTENSIONS="example_alloc,example_audit"),
-        timeout=120,
+        timeout=HANG_S,
     )
     assert res.returncode == 0, res.stderr
     line = next(x for x in res.stdout.splitlines() if " allocated_kv_caches " in x)

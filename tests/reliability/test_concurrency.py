@@ -3,8 +3,10 @@
 Each thread runs vLLM's sequence for a new KV cache — ``_cleanup_profiling_kv_cache()``
 then ``initialize_kv_cache`` — under the runner's re-entrant lock (``Rig.reinit``). The
 allocation stage is replaced (``catalog().replace``) by one that calls the real stage
-but first sleeps, so a second thread arrives while the first is mid-phase; it records
-who is inside and weak references to every storage it allocated. Checked: the second
+but first waits until every other thread of the round is blocked on the runner's lock (or
+done), so the others always arrive while the first is mid-phase, however slow the machine;
+it records who is inside and weak references to every storage it allocated. The runner's
+lock is wrapped (:class:`WatchedLock`) only to count who waits on it. Checked: the second
 call waits for the first (no interleaving of their KV phases in the trace), never two
 KV allocations alive at once, and the runner ends in a consistent, clean-run state. A
 bare second ``initialize_kv_cache`` racing a KV phase is refused, never interleaved.
@@ -18,12 +20,11 @@ import weakref
 
 import pytest
 from relkit import Rig, frozen_gc
+from waiting import HANG_S, WatchedLock, until
 
 from initpipe import KV, PhaseOrderError, stage
 from initpipe_vllm import catalog
 from initpipe_vllm.kv_tensors import allocated_kv_caches as real_allocation
-
-HOLD = 0.3  # seconds the instrumented allocation holds the phase open
 
 
 class Probe:
@@ -32,6 +33,9 @@ class Probe:
         self.inside = 0
         self.max_inside = 0
         self.entered = threading.Event()
+        self.runner_lock: WatchedLock | None = None
+        self.threads = 0  # in the round
+        self.finished = 0  # calls of the round that returned
         self.intervals: list[tuple[int, float, float]] = []  # (thread, enter, exit)
         self.storages: list[weakref.ref] = []
         self.alive_at_allocation: list[int] = []
@@ -57,14 +61,20 @@ def counting_allocation(
     kv_cache_allocation_context,
     jit_warmup_registry,
 ):
-    """The real allocation stage, held open for HOLD seconds and counted."""
+    """The real allocation stage, held open until every other thread of the round waits
+    for the runner's lock or is done, and counted."""
     with PROBE.lock:
         PROBE.inside += 1
         PROBE.max_inside = max(PROBE.max_inside, PROBE.inside)
         PROBE.alive_at_allocation.append(PROBE.alive())
     t0 = time.perf_counter()
     PROBE.entered.set()
-    time.sleep(HOLD)
+    watched = PROBE.runner_lock
+    assert watched is not None
+    until(
+        "the other threads blocked on the runner's lock or done",
+        lambda: watched.blocked + PROBE.finished >= PROBE.threads - 1,
+    )
     out = real_allocation(
         vllm_config,
         device,
@@ -92,6 +102,7 @@ def rig():
     with frozen_gc():
         r = Rig(pipeline=pipeline)
         assert r.runner.initpipe_pipeline is pipeline
+        PROBE.runner_lock = r.runner._initpipe_lock = WatchedLock(r.runner._initpipe_lock)
         yield r
 
 
@@ -105,15 +116,20 @@ def _threads(rig, configs, call_with=None):
             (call_with or rig.reinit)(cfg)
         except BaseException as err:  # reported below
             errors.append(err)
+        finally:
+            with PROBE.lock:
+                PROBE.finished += 1
 
     threads = [threading.Thread(target=call, args=(c,)) for c in configs]
     PROBE.entered.clear()
+    PROBE.threads, PROBE.finished = len(threads), 0
     threads[0].start()
-    assert PROBE.entered.wait(10)  # the first is inside the allocation stage
+    assert PROBE.entered.wait(HANG_S)  # the first is inside the allocation stage
     for t in threads[1:]:
         t.start()
     for t in threads:
-        t.join(30)
+        t.join(HANG_S)
+    assert not any(t.is_alive() for t in threads), "a thread hangs"
     if call_with is not None:
         return errors
     assert not errors, errors

@@ -252,8 +252,7 @@ def test_llama3_8b_shape_100k_blocks_plans_195_gib_with_no_kv_memory(
         else "TritonAttentionMetadataBuilder"
     )
     assert [a["builder"] for a in p["groups"][0]["attention"]] == [builder]
-    m = p["measured"]
-    assert m["wall_s"] < 10  # vLLM already imported: a fraction of a second here
+    m = p["measured"]  # its wall time is a benchmark's figure (benchmarks/), never a check
     assert m["rss_after_mib"] - m["rss_before_mib"] < 128  # vs 195 GiB planned
 
 
