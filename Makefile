@@ -6,7 +6,14 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: run test test-core check check-deep install sysdeps bench clean
+# The suite runs its test modules in TEST_WORKERS processes (pytest-xdist, --dist loadfile:
+# a module stays in one process, so its engines and servers start once; in the order of
+# tests/conftest.py, the long ones first); 2 = CI's cores. It prints its 20 slowest tests,
+# so a regression in suite time shows in every run.
+TEST_WORKERS ?= 2
+PYTEST_ARGS  := -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
+
+.PHONY: run test test-loaded test-core check check-deep install sysdeps bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,7 +36,13 @@ run: $(STAMP)
 	VLLM_TARGET_DEVICE=cpu $(BIN)/initpipe run
 
 test: $(STAMP) sysdeps
-	VLLM_TARGET_DEVICE=cpu $(BIN)/python -m pytest -q
+	VLLM_TARGET_DEVICE=cpu $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The same suite while busy loops keep every core loaded: a test that depends on the
+# machine's speed fails here.
+test-loaded: $(STAMP) sysdeps
+	VLLM_TARGET_DEVICE=cpu $(BIN)/python scripts/under_load.py -- \
+	    $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-core: $(STAMP)
 	$(BIN)/python -m pytest -q tests/core tests/typing tests/test_layout.py

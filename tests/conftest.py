@@ -1,5 +1,5 @@
 """Suite-wide: every file the suite (and what it starts) writes stays in pytest's own
-temporary folders.
+temporary folders; the modules that start engines run first.
 
 CI runs the suite as root on a shared machine: a test that writes outside its temporary
 folder can damage the machine (``initpipe graph -o /dev/null`` once replaced the null
@@ -7,6 +7,11 @@ device). For the whole session, ``TMPDIR`` (and Python's cached ``tempfile.tempd
 ``XDG_RUNTIME_DIR`` point into pytest's base temporary folder, so temporary files of vLLM,
 torch and Chromium, and initpipe's private failure-trace folder, land there too —
 including in the subprocesses tests start, which inherit the environment.
+
+``make test`` runs the modules in two worker processes (pytest-xdist, ``--dist loadfile
+--no-loadscope-reorder``: a module stays in one worker, so its engines start once, and the
+workers take modules in collection order). :data:`SLOW_FIRST` moves the long modules to the
+front, so neither worker is left with a long module at the end while the other idles.
 """
 
 from __future__ import annotations
@@ -16,6 +21,35 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
+
+#: Modules that start engines or servers, slowest first (seconds measured quiet on 2 cores,
+#: one worker; ``make test`` prints the slowest tests, by which to keep this list in step).
+#: It only orders: every test runs, and the unlisted modules follow in collection order.
+SLOW_FIRST = (
+    "tests/vllm/test_engine_equivalence.py",  # 259 s
+    "tests/vllm/test_parallel.py",  # 200 s
+    "tests/hook/test_hook.py",  # 196 s
+    "tests/vllm/test_serve.py",  # 160 s
+    "tests/vllm/test_runner.py",  # 158 s
+    "tests/benchmarks/test_vllm_smoke.py",  # 137 s
+    "tests/vllm/test_resize_multiprocess.py",  # 106 s
+    "tests/vllm/test_resize_parallel.py",  # 71 s
+    "tests/vllm/test_kv_phase.py",  # 59 s
+    "tests/plugin/test_pytest_plugin.py",  # 52 s
+    "tests/hook/test_plugin.py",  # 46 s
+    "tests/vllm/test_kv_sensitivity.py",  # 37 s
+    "tests/vllm/test_model_phase.py",  # 36 s
+    "tests/vllm/test_forced_backends.py",  # 35 s
+    "tests/vllm/test_resize.py",  # 30 s
+    "tests/vllm_plan/test_vllm_plan.py",  # 27 s
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put the :data:`SLOW_FIRST` modules first, in that order (a stable sort: the order
+    within a module, and of the other modules, is kept)."""
+    rank = {module: i for i, module in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 
 @pytest.fixture(scope="session", autouse=True)
