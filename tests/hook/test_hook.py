@@ -62,6 +62,8 @@ def site(tmp_path_factory):
 
 
 def test_initpipe_run_shows_stages_tokens_summary_and_matches_stock(tmp_path):
+    """A fresh engine: ``initpipe run`` is the user's command, which starts its own (and a
+    stock one to compare, and resizes it)."""
     trace = tmp_path / "init.json"
     cmd = ["run", "--compare-stock", "--resize", "128,32", "--trace", str(trace)]
     res = subprocess.run(
@@ -103,7 +105,8 @@ def test_initpipe_run_shows_stages_tokens_summary_and_matches_stock(tmp_path):
 
 def test_initpipe_run_with_two_workers_shows_every_ranks_stages(tmp_path):
     """TP=2: the stages run in two worker processes; each rank's are printed from its
-    trace, each rank writes its own trace file, and ``initpipe graph`` reads both."""
+    trace, each rank writes its own trace file, and ``initpipe graph`` reads both. A fresh
+    engine: ``initpipe run --tensor-parallel-size 2`` starts its own two workers."""
     trace = tmp_path / "tp.json"
     env = env_for()
     env.pop("VLLM_CPU_OMP_THREADS_BIND", None)  # initpipe run sets it
@@ -166,7 +169,8 @@ if __name__ == "__main__":  # vLLM spawns its workers: they import this file
 
 def test_a_stage_failing_on_several_ranks_names_the_rank_and_every_ranks_trace(tmp_path):
     """TP=2: only the first failing rank's error reaches the engine; it names that rank
-    and where every rank's failure trace (what it completed and rolled back) is."""
+    and where every rank's failure trace (what it completed and rolled back) is. A fresh
+    engine: the start itself is what fails."""
     script = tmp_path / "fail_tp.py"
     script.write_text(TP_FAILING)
     runtime = tmp_path / "runtime"
@@ -231,6 +235,7 @@ EXTENDED = textwrap.dedent(f"""
 
 
 def test_extensions_replace_allocation_and_add_an_audit_with_stock_tokens_and_state(site):
+    """A fresh engine: extensions (INITPIPE_EXTENSIONS) are read when an engine starts."""
     res = subprocess.run(
         [sys.executable, "-c", EXTENDED],
         capture_output=True,
@@ -287,6 +292,7 @@ FAILING = textwrap.dedent(f"""
 
 
 def test_failing_stage_in_process_reaches_the_user_as_stage_error(site, tmp_path):
+    """A fresh engine: the failing extension makes the engine's start fail."""
     trace = tmp_path / "t.json"
     res = subprocess.run(
         [sys.executable, "-c", FAILING],
@@ -315,7 +321,8 @@ def test_failing_stage_in_process_reaches_the_user_as_stage_error(site, tmp_path
 
 def test_failing_stage_in_a_worker_process_is_named_in_the_log_with_a_failure_trace(site, tmp_path):
     """The fault reaches the stage inside vLLM's spawned worker process through the
-    environment (INITPIPE_INJECT_FAULT, initpipe.testing): no code change, no extension."""
+    environment (INITPIPE_INJECT_FAULT, initpipe.testing): no code change, no extension.
+    A fresh engine: the start itself is what fails."""
     script = tmp_path / "fail.py"
     script.write_text(FAILING)
     runtime = tmp_path / "runtime"

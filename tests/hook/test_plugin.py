@@ -57,6 +57,7 @@ def test_installed_plugin_changes_nothing_without_opt_in(without_opt_in):
 
 
 def test_opt_in_routes_the_stock_worker_to_the_pipelined_one_with_same_tokens(without_opt_in):
+    """A fresh engine: the opt-in (INITPIPE_VLLM=1) is read when an engine starts."""
     (_, stock_tokens), _ = without_opt_in
     (piped_cls, piped_tokens), log = start("1")
     assert piped_cls == "PipelinedCPUModelRunner"
@@ -65,6 +66,7 @@ def test_opt_in_routes_the_stock_worker_to_the_pipelined_one_with_same_tokens(wi
 
 
 def test_explicit_worker_cls_is_left_alone():
+    """A fresh engine: the worker class is chosen when an engine starts."""
     (cls, _), err = start("1", '{"worker_cls": "vllm.v1.worker.cpu_worker.CPUWorker"}')
     assert cls == "CPUModelRunner"
     assert "was chosen explicitly; leaving it" in err

@@ -138,6 +138,8 @@ def test_the_architectures_cover_what_they_claim(reports) -> None:
 
 
 def test_pipelined_worker_in_multiprocess_mode(tmp_path, harness) -> None:
+    """Fresh engines: the module's reports run in-process; this pair runs the engine core
+    and the worker in processes of their own, a different start."""
     (rep,) = harness(tmp_path, ["tiny-llama"], "--multiprocess", "--no-reinit")
     assert "error" not in rep, rep.get("error")
     assert rep["diffs"] == [] and rep["equal"] and rep["problems"] == []
