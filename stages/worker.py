@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .hook import worker as _impl
-from .hook.worker import SUPPORTED_VLLM, check_vllm_version, refuse_model_runner_v2
+from .hook.worker import SUPPORTED_VLLM, check_vllm_version, runner_version
 
 __all__ = [
     "SUPPORTED_VLLM",
@@ -18,7 +18,7 @@ __all__ = [
     "PipelinedGPUWorker",  # noqa: F822  (built on first access, by __getattr__)
     "PipelinedWorker",  # noqa: F822  (built on first access, by __getattr__)
     "check_vllm_version",
-    "refuse_model_runner_v2",
+    "runner_version",
 ]
 
 

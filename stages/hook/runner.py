@@ -50,6 +50,7 @@ __all__ = [
     "pipelined_runner_class",
     "platform_runner_class",
     "start_inputs",
+    "start_run",
 ]
 
 
@@ -158,6 +159,20 @@ def engine_kv_cache_config(runner: Any) -> Any:
     return cfg
 
 
+def start_run(pipeline: Pipeline, runner: Any, inputs: Mapping[str, Any]) -> Run:
+    """Start ``pipeline`` for a pipelined runner (either runner version): its per-stage log
+    lines (naming the rank when there are several), its trace, and the faults a test asked
+    for through ``INITPIPE_FAULT`` (spawned worker processes)."""
+    from .progress import listeners
+
+    run = pipeline.start(
+        listeners=listeners(runner._initpipe_rank()), trace=runner.initpipe_trace, **inputs
+    )
+    if os.environ.get(ENV_FAULT):
+        inject_faults_from_env(run)
+    return run
+
+
 #: How many trace events a pipelined runner keeps (about 900 KV re-inits of the catalog).
 TRACE_MAX_RECORDS = 20_000
 
@@ -196,16 +211,7 @@ class PipelinedRunnerMixin:
         return int(parallel.rank) if parallel.world_size > 1 else None
 
     def _initpipe_start(self) -> Run:
-        from .progress import listeners
-
-        run = self.initpipe_pipeline.start(
-            listeners=listeners(self._initpipe_rank()),
-            trace=self.initpipe_trace,
-            **start_inputs(self),
-        )
-        if os.environ.get(ENV_FAULT):  # tests reaching stages in spawned worker processes
-            inject_faults_from_env(run)
-        return run
+        return start_run(self.initpipe_pipeline, self, start_inputs(self))
 
     def _initpipe_report(self, err: Any) -> None:
         """Log the failed stage and the completed ones, and write the failure trace."""
@@ -383,4 +389,9 @@ def __getattr__(name: str) -> Any:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
         return _pipelined(GPUModelRunner)
+    from .runner_v2 import resolve_v2_class
+
+    v2 = resolve_v2_class(name)
+    if v2 is not None:
+        return v2
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

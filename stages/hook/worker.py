@@ -30,6 +30,7 @@ import attrs
 
 from ..errors import UnsupportedRunnerError
 from .runner import pipelined_runner_class
+from .runner_v2 import pipelined_runner_v2_class
 
 __all__ = [
     "PIPELINED_VARIANTS",
@@ -41,8 +42,8 @@ __all__ = [
     "Reason",
     "Refusal",
     "check_vllm_version",
-    "refuse_model_runner_v2",
     "refuse_unsupported",
+    "runner_version",
     "why_not_pipelined",
 ]
 
@@ -78,8 +79,8 @@ class Refusal:
 
     Attributes:
         reason: ``"vllm-version"`` (not vLLM 0.32.0), ``"platform"`` (no pipelined variant
-            of the platform's worker) or ``"model-runner-v2"`` (vLLM builds Model Runner V2,
-            which the catalog does not cover).
+            of the platform's worker) or ``"model-runner-v2"`` (vLLM builds a Model Runner
+            V2 variant no catalog covers: ``MMEncoderModelRunner``).
         message: the cause and the fix, in words, for a log line or an error.
     """
 
@@ -98,11 +99,12 @@ def why_not_pipelined(vllm_config: Any, stock_worker: str | None) -> Refusal | N
        config fields, so they only run on it);
     2. the platform: ``stock_worker`` is not the worker of this platform that
        :data:`PIPELINED_VARIANTS` has a pipelined variant of;
-    3. vLLM will build Model Runner V2. That is vLLM's own decision,
-       ``VllmConfig.use_v2_model_runner`` (``vllm/config/vllm.py``), the property its
-       workers, scheduler and config validation read: forced by HiSparse or watermarking,
-       chosen by ``VLLM_USE_V2_MODEL_RUNNER``, else the default wherever Triton is
-       available (CUDA, XPU; CPU with triton-cpu) and no enabled feature needs v1.
+    3. vLLM will build a runner neither catalog covers: ``MMEncoderModelRunner``, which
+       the GPU and XPU workers build for encoder-only configs under Model Runner V2.
+       Model Runner V2 itself is covered (the :mod:`initpipe_vllm.mrv2` catalog); whether
+       vLLM builds it is vLLM's own decision, ``VllmConfig.use_v2_model_runner``
+       (``vllm/config/vllm.py``): forced by HiSparse or watermarking, chosen by
+       ``VLLM_USE_V2_MODEL_RUNNER``, else the default wherever Triton is available.
 
     Only the CPU paths run on this project's test machines; the CUDA, ROCm and XPU paths
     are exercised on CPU objects with the platform simulated, never on the hardware.
@@ -119,7 +121,7 @@ def why_not_pipelined(vllm_config: Any, stock_worker: str | None) -> Refusal | N
     return (
         _version_refusal(None)
         or _platform_refusal(stock_worker)
-        or _model_runner_refusal(vllm_config)
+        or _model_runner_refusal(vllm_config, stock_worker)
     )
 
 
@@ -146,19 +148,6 @@ def check_vllm_version(version: str | None = None) -> None:
     refusal = _version_refusal(version)
     if refusal is not None:
         _raise(refusal)
-
-
-def refuse_model_runner_v2(use_v2_model_runner: bool) -> None:
-    """Stop when vLLM chose Model Runner V2 and only that flag is at hand.
-
-    The workers call :func:`refuse_unsupported`, which also names why V2 was chosen; this
-    stays for callers of ``initpipe_vllm.worker`` that hold only the flag.
-
-    Raises:
-        UnsupportedRunnerError: saying to set ``VLLM_USE_V2_MODEL_RUNNER=0``.
-    """
-    if use_v2_model_runner:
-        _raise(_v2_refusal("vLLM chose Model Runner V2", "set VLLM_USE_V2_MODEL_RUNNER=0"))
 
 
 def _raise(refusal: Refusal) -> NoReturn:
@@ -220,20 +209,30 @@ def _platform_refusal(stock_worker: str | None) -> Refusal | None:
     )
 
 
-def _model_runner_refusal(vllm_config: Any) -> Refusal | None:
+def _model_runner_refusal(vllm_config: Any, stock_worker: str | None) -> Refusal | None:
+    """Refuse, by name, the one Model Runner V2 variant the MRv2 catalog does not cover:
+    ``MMEncoderModelRunner`` (encoder-only disaggregation), which the GPU and XPU workers
+    build instead of MRv2 when ``vllm_config.is_mm_encoder_only`` (the CPU worker never
+    does: it builds MRv2's ``CPUModelRunner`` there too)."""
     try:
         use_v2 = bool(vllm_config.use_v2_model_runner)  # vLLM's own decision
     except ValueError:
         # HiSparse with VLLM_USE_V2_MODEL_RUNNER=0: vLLM raises this itself right after the
-        # platform hook (VllmConfig.__post_init__), with its own message.
-        use_v2 = True
-    if not use_v2:
+        # platform hook (VllmConfig.__post_init__), with its own message; the pipelined
+        # worker lets vLLM say it.
         return None
-    return _v2_refusal(*_why_model_runner_v2(vllm_config))
+    if not use_v2 or stock_worker == _CPU_WORKER or not vllm_config.is_mm_encoder_only:
+        return None
+    why, _ = _why_model_runner_v2(vllm_config)
+    return _v2_refusal(
+        f"{why}, and for an encoder-only (disaggregated multimodal encoder) config vLLM "
+        "builds MMEncoderModelRunner",
+        "initpipe has no catalog of MMEncoderModelRunner; run it with vLLM's stock worker",
+    )
 
 
 def _why_model_runner_v2(vllm_config: Any) -> tuple[str, str]:
-    """Which of vLLM's reasons chose Model Runner V2, and the fix.
+    """Which of vLLM's reasons chose Model Runner V2, and the fix for v1.
 
     Only names the cause: the decision itself is ``VllmConfig.use_v2_model_runner``. The
     causes are tested in its order (``vllm/config/vllm.py``, 0.32.0).
@@ -244,30 +243,35 @@ def _why_model_runner_v2(vllm_config: Any) -> tuple[str, str]:
         return (
             "HiSparse (attention_config.hisparse_config, or a HiSparseConnector) requires "
             "Model Runner V2",
-            "initpipe cannot run with HiSparse",
+            "HiSparse runs on Model Runner V2 only",
         )
     if getattr(vllm_config, "watermark_config", None) is not None:
         return (
             "watermarking (watermark_config) requires Model Runner V2",
-            "initpipe cannot run with watermarking",
+            "watermarking runs on Model Runner V2 only",
         )
     if envs.VLLM_USE_V2_MODEL_RUNNER:
         return (
             "VLLM_USE_V2_MODEL_RUNNER=1 selects Model Runner V2",
-            "unset it (or set VLLM_USE_V2_MODEL_RUNNER=0) to use initpipe",
+            "unset it (or set VLLM_USE_V2_MODEL_RUNNER=0) for the v1 runner",
         )
     return (
         "Model Runner V2 is vLLM's default here (Triton is available and no enabled "
         "feature needs the v1 runner)",
-        "set VLLM_USE_V2_MODEL_RUNNER=0 to use initpipe",
+        "set VLLM_USE_V2_MODEL_RUNNER=0 for the v1 runner",
     )
+
+
+def runner_version(vllm_config: Any) -> str:
+    """``"v2"`` where vLLM builds Model Runner V2 for ``vllm_config``, else ``"v1"``."""
+    try:
+        return "v2" if vllm_config.use_v2_model_runner else "v1"
+    except ValueError:
+        return "v2"  # HiSparse: vLLM refuses v1 for it itself
 
 
 def _v2_refusal(why: str, fix: str) -> Refusal:
-    return Refusal(
-        reason="model-runner-v2",
-        message=f"{why}; the initpipe catalog covers the v1 model runner only: {fix}.",
-    )
+    return Refusal(reason="model-runner-v2", message=f"{why}; {fix}.")
 
 
 class _TracedWorkerMixin:
@@ -338,9 +342,11 @@ def _cpu_worker() -> type:
         """``CPUWorker`` whose runner initializes through the initpipe catalog.
 
         ``CPUWorker.init_device`` hard-codes ``CPUModelRunner`` (a module global of
-        ``vllm/v1/worker/cpu_worker.py``); it is pointed at the pipelined class for the
-        duration of the call, so the runner is built once, directly (building the stock one
-        and replacing it cost a second runner construction, about 1% of engine start).
+        ``vllm/v1/worker/cpu_worker.py``; for Model Runner V2 the class it imports from
+        ``vllm/v1/worker/cpu/model_runner.py`` inside the call); that name is pointed at
+        the pipelined class (v1 or MRv2, as vLLM decided) for the duration of the call,
+        so the runner is built once, directly (building the stock one and replacing it
+        cost a second runner construction, about 1% of engine start).
         :func:`refuse_unsupported` runs first in ``init_device``, before the distributed
         setup and the runner (``CPUWorker.__init__`` has only bound the memory node).
         """
@@ -349,27 +355,35 @@ def _cpu_worker() -> type:
             import vllm.v1.worker.cpu_worker as cpu_worker_module
 
             refuse_unsupported(self.vllm_config, _CPU_WORKER)
+            if runner_version(self.vllm_config) == "v2":
+                # init_device imports MRv2's class from its module at call time.
+                import vllm.v1.worker.cpu.model_runner as module
+
+                name, cls = "CPUModelRunner", pipelined_runner_v2_class(_cpu_v2_runner())
+            else:
+                module, name = cpu_worker_module, "CPUModelRunner"
+                cls = pipelined_runner_class(CPUModelRunner)
             # The module global init_device reads (not re-exported by vLLM, hence getattr).
-            saved = getattr(cpu_worker_module, "CPUModelRunner")  # noqa: B009
-            setattr(cpu_worker_module, "CPUModelRunner", pipelined_runner_class(CPUModelRunner))  # noqa: B010
+            saved = getattr(module, name)
+            setattr(module, name, cls)
             try:
                 super().init_device()
             finally:
-                setattr(cpu_worker_module, "CPUModelRunner", saved)  # noqa: B010
+                setattr(module, name, saved)
             if not hasattr(getattr(self, "model_runner", None), "initpipe_run"):
                 # vLLM changed init_device: build the pipelined runner here instead
-                self.model_runner = pipelined_runner_class(CPUModelRunner)(
-                    self.vllm_config, self.device
-                )
+                self.model_runner = cls(self.vllm_config, self.device)
 
     PipelinedCPUWorker.__module__ = "initpipe_vllm.worker"  # the stable re-export
     PipelinedCPUWorker.__qualname__ = "PipelinedCPUWorker"
     return PipelinedCPUWorker
 
 
-def _accelerator_worker(name: str, stock: Any, stock_name: str, runner: Any, doc: str) -> type:
-    """A pipelined subclass of a ``gpu_worker.Worker`` (or of a subclass that builds its v1
-    runner in ``_make_model_runner``, as ``XPUWorker`` does).
+def _accelerator_worker(
+    name: str, stock: Any, stock_name: str, runner: Any, runner_v2: Callable[[], type], doc: str
+) -> type:
+    """A pipelined subclass of a ``gpu_worker.Worker`` (or of a subclass that builds its
+    runner in ``_make_model_runner``, as ``XPUWorker`` does): v1 or MRv2, as vLLM decides.
     """
 
     class PipelinedAcceleratorWorker(_TracedWorkerMixin, stock):
@@ -379,7 +393,9 @@ def _accelerator_worker(name: str, stock: Any, stock_name: str, runner: Any, doc
             super().__init__(vllm_config, *args, **kwargs)
 
         def _make_model_runner(self) -> Any:
-            # Model Runner V2 was refused in __init__, so this is always the v1 runner.
+            # MMEncoderModelRunner was refused in __init__: this is v1 or MRv2 proper.
+            if self.use_v2_model_runner:
+                return pipelined_runner_v2_class(runner_v2())(self.vllm_config, self.device)
             return pipelined_runner_class(runner)(self.vllm_config, self.device)
 
     cls = PipelinedAcceleratorWorker
@@ -387,6 +403,24 @@ def _accelerator_worker(name: str, stock: Any, stock_name: str, runner: Any, doc
     cls.__module__ = "initpipe_vllm.worker"  # the stable re-export
     cls.__doc__ = doc
     return cls
+
+
+def _cpu_v2_runner() -> type:
+    from vllm.v1.worker.cpu.model_runner import CPUModelRunner
+
+    return CPUModelRunner
+
+
+def _gpu_v2_runner() -> type:
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    return GPUModelRunner
+
+
+def _xpu_v2_runner() -> type:
+    from vllm.v1.worker.xpu_model_runner import XPUModelRunnerV2
+
+    return XPUModelRunnerV2
 
 
 @functools.cache
@@ -400,13 +434,12 @@ def _gpu_worker() -> type:
         Worker,
         _GPU_WORKER,
         GPUModelRunner,
-        """GPU ``Worker`` (CUDA, ROCm) whose v1 runner initializes through the initpipe
-        catalog.
+        _gpu_v2_runner,
+        """GPU ``Worker`` (CUDA, ROCm) whose runner initializes through an initpipe catalog:
+        Model Runner V2 (vLLM's default on CUDA) or the v1 runner, as vLLM decides.
 
-        Untested on hardware (no GPU here). Model Runner V2 is vLLM's default on CUDA; set
-        ``VLLM_USE_V2_MODEL_RUNNER=0`` to get the v1 runner this catalog covers. The check
-        (:func:`refuse_unsupported`) runs before ``Worker.__init__``, so nothing is
-        half-applied.
+        Untested on hardware (no GPU here). The check (:func:`refuse_unsupported`) runs
+        before ``Worker.__init__``, so nothing is half-applied.
         """,
     )
 
@@ -422,13 +455,13 @@ def _xpu_worker() -> type:
         XPUWorker,
         _XPU_WORKER,
         XPUModelRunner,
-        """``XPUWorker`` whose v1 runner (``XPUModelRunner``, a ``GPUModelRunner`` built
-        under vLLM's torch.cuda-to-xpu shim) initializes through the initpipe catalog.
+        _xpu_v2_runner,
+        """``XPUWorker`` whose runner (``XPUModelRunnerV2`` or v1's ``XPUModelRunner``,
+        built under vLLM's torch.cuda-to-xpu shim) initializes through an initpipe catalog.
 
         Untested on hardware (no XPU here). ``XPUWorker`` subclasses the GPU ``Worker`` and
         builds its runner in ``_make_model_runner`` (``vllm/v1/worker/xpu_worker.py``);
-        that is the one method replaced. Model Runner V2 is vLLM's default where Triton is
-        available; set ``VLLM_USE_V2_MODEL_RUNNER=0`` for the v1 runner.
+        that is the one method replaced.
         """,
     )
 

@@ -1,0 +1,513 @@
+"""The pipelined Model Runner V2 and the one adapter that writes MRv2 stage outputs onto it.
+
+What belongs here: the integration layer between initpipe runs of the MRv2 catalog
+(:mod:`initpipe_vllm.mrv2`) and vLLM's MRv2 ``GPUModelRunner``
+(``vllm/v1/worker/gpu/model_runner.py``; on CPU its subclass ``CPUModelRunner`` in
+``vllm/v1/worker/cpu/model_runner.py``). It replaces the runner methods ``load_model`` (the
+part after the weights), ``get_kv_cache_spec``, ``initialize_kv_cache``,
+``_init_kv_zero_meta`` and ``profile_cudagraph_memory``'s teardown, and hooks ``shutdown``;
+``execute_model``, ``capture_model``, the warm-up and the worker run unchanged because
+:func:`apply_kv_outputs_v2` writes the same attributes stock's methods would, in one place.
+A separate adapter from v1's (:mod:`.runner`): MRv2 has none of ``cudagraph_dispatcher``,
+``input_batch``, ``max_encoder_len``, ``uniform_decode_query_len`` or
+``shared_kv_cache_layers``.
+
+Phase triggers:
+
+- model phase: inside ``load_model``, right after the weights are loaded and measured
+  (stock's time: MRv2 reads ``cache_config.block_size`` there);
+- ``get_kv_cache_spec``: the one-stage spec pipeline, on every call (as stock recomputes),
+  so it reads the block size the executor settled after ``load_model``;
+- KV phase: every ``initialize_kv_cache`` (profiling passes included), refused while one is
+  in place; the teardown (:meth:`PipelinedRunnerV2Mixin.initpipe_teardown_profiling_state`)
+  replaces vLLM's module function ``_teardown_profiling_state`` inside
+  ``profile_cudagraph_memory`` — a CUDA path never run here (``CPUWorker`` overrides the
+  memory profiling), tested directly on CPU.
+
+vLLM is imported lazily (the runner classes are built on first use).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from initpipe import KV, PhaseOrderError, Pipeline, Run, StageError
+
+from ..mrv2.types import BlockTableGeometry, RunnerV2Settings
+from .progress import log_phase
+
+__all__ = [
+    "DELIBERATE_TEARDOWN_DIFFERENCES",
+    "PipelinedRunnerV2Mixin",
+    "apply_kv_outputs_v2",
+    "apply_model_outputs_v2",
+    "clear_kv_state_v2",
+    "kv_inputs_v2",
+    "pipelined_runner_v2_class",
+    "platform_runner_v2_class",
+    "start_inputs_v2",
+]
+
+_MRV2_LOGGER = "vllm.v1.worker.gpu.model_runner"
+
+#: Where the pipelined MRv2 teardown leaves the runner unlike stock's
+#: ``_teardown_profiling_state``: attribute -> why.
+DELIBERATE_TEARDOWN_DIFFERENCES: Mapping[str, str] = {
+    "fast_prefill": (
+        "stock keeps its FastPrefillHelper, which holds the CUDA-graph manager the teardown "
+        "just dropped; the pipelined runner drops it too (the next KV phase builds a new one)"
+    ),
+    "kv_block_zeroer": (
+        "stock keeps its KVBlockZeroer, whose absolute addresses point into the freed KV "
+        "cache; the pipelined runner disarms and drops it with the KV phase"
+    ),
+}
+
+
+# -- reading the runner: the pipeline's external inputs -----------------------------------
+def start_inputs_v2(runner: Any) -> dict[str, Any]:
+    """The MRv2 catalog's start inputs, read from a constructed MRv2 runner."""
+    return {
+        "vllm_config": runner.vllm_config,
+        "device": runner.device,
+        "runner_settings": RunnerV2Settings.from_runner(runner),
+        "encoder_cache": runner.encoder_cache,
+        "req_states": runner.req_states,
+        "input_buffers": runner.input_buffers,
+        "speculator": runner.speculator,
+        "eplb": runner.eplb,
+        "jit_warmup_registry": runner.jit_warmup_registry,
+        "lora_capture_cases": runner.lora_capture_cases,
+        "pcp_manager_cls": runner.pcp_manager_cls,
+    }
+
+
+def kv_inputs_v2(
+    runner: Any,
+    kv_cache_config: Any,
+    is_profiling: bool = False,
+    kv_cache_allocation_context: Any = None,
+) -> dict[str, Any]:
+    """The MRv2 KV-phase inputs: the engine's config plus what vLLM settled since the start."""
+    return {
+        "kv_cache_config": kv_cache_config,
+        "is_profiling": is_profiling,
+        "kv_cache_allocation_context": kv_cache_allocation_context,
+        "max_model_len": runner.max_model_len,
+    }
+
+
+# -- the adapter: the one place that writes onto the runner -------------------------------
+#: Model-phase output -> the runner attribute stock's ``load_model`` assigns.
+_MODEL_ATTRS = (
+    "model_state",
+    "decode_query_len",
+    "batch_sharder",
+    "sampler",
+    "rejection_sampler",
+    "prompt_logprobs_worker",
+    "structured_outputs_worker",
+    "pooling_runner",
+    "intermediate_tensors",
+)
+
+#: KV-phase output -> runner attribute, as stock's ``initialize_kv_cache`` and
+#: ``_init_kv_zero_meta`` assign them.
+_KV_ATTRS = {
+    "runner_kv_cache_config": "kv_cache_config",
+    "attn_groups": "attn_groups",
+    "kernel_block_sizes": "kernel_block_sizes",
+    "adaptive_verification": "adaptive_verification",
+    "block_tables": "block_tables",
+    "pcp_manager": "pcp_manager",
+    "ubatch_runner": "ubatch_runner",
+    "cudagraph_manager": "cudagraph_manager",
+    "runner_kv_caches": "kv_caches",
+    "kv_connector": "kv_connector",
+}
+
+
+def apply_model_outputs_v2(runner: Any, outputs: Mapping[str, Any]) -> None:
+    """Write a completed MRv2 model phase onto the runner where ``load_model`` puts it.
+
+    ``batch_sharder`` and ``intermediate_tensors`` keep the runner's value when the stage
+    returned None (stock assigns them only when it builds them).
+    """
+    for name in _MODEL_ATTRS:
+        value = outputs[name]
+        if value is None and name in ("batch_sharder", "intermediate_tensors"):
+            continue
+        setattr(runner, name, value)
+
+
+def apply_kv_outputs_v2(runner: Any, kv: Mapping[str, Any]) -> None:
+    """Write a completed MRv2 KV phase onto the runner exactly where stock's methods put it.
+
+    ``fast_prefill`` and ``aux_output_connector`` are assigned only when built (stock keeps
+    the previous value otherwise); the KV block zeroer only when the config needs one.
+    """
+    geometry: BlockTableGeometry = kv["block_table_geometry"]
+    runner.cp_interleave = geometry.cp_interleave
+    for out, attr in _KV_ATTRS.items():
+        setattr(runner, attr, kv[out])
+    if kv["fast_prefill"] is not None:
+        runner.fast_prefill = kv["fast_prefill"]
+    if kv["aux_output_connector"] is not None:
+        runner.aux_output_connector = kv["aux_output_connector"]
+    if kv["kv_block_zeroer"] is not None:
+        runner.kv_block_zeroer = kv["kv_block_zeroer"]
+
+
+def clear_kv_state_v2(runner: Any) -> None:
+    """Drop the runner's KV attributes as ``_teardown_profiling_state`` does.
+
+    Layers, the model state's KV state and the views are reset by the stages' teardowns.
+    Stock keeps ``block_tables``, the kernel block sizes, the PCP and microbatch managers,
+    the adaptive-verification manager and the KV connector: so does this. The deliberate
+    differences are :data:`DELIBERATE_TEARDOWN_DIFFERENCES`; the aux-output connector,
+    closed by its stage's teardown, is dropped too.
+    """
+    if hasattr(runner, "kv_caches"):
+        runner.kv_caches.clear()
+    if hasattr(runner, "attn_groups"):
+        runner.attn_groups.clear()
+    if hasattr(runner, "kv_cache_config"):
+        del runner.kv_cache_config
+    runner.cudagraph_manager = None
+    runner.fast_prefill = None
+    runner.kv_block_zeroer = None
+    runner.aux_output_connector = None
+    runner.cache_config.num_gpu_blocks = None
+
+
+#: How many trace events a pipelined runner keeps.
+TRACE_MAX_RECORDS = 20_000
+
+
+class PipelinedRunnerV2Mixin:
+    """Put before vLLM's MRv2 runner class: its initialization runs as initpipe pipelines.
+
+    Attributes:
+        initpipe_pipeline: the MRv2 Pipeline used (the catalog unless one is given).
+        initpipe_run: the current Run (model phase from ``load_model``, then KV phases).
+        initpipe_trace: the Trace of every stage, teardown and vLLM span around them.
+    """
+
+    initpipe_runner_version = "v2"
+    initpipe_default_pipeline: Pipeline | None = None
+
+    def __init__(self, vllm_config: Any, device: Any, *, pipeline: Pipeline | None = None) -> None:
+        super().__init__(vllm_config, device)  # type: ignore[call-arg]
+        from initpipe import Trace
+
+        if pipeline is None:
+            from ..mrv2 import catalog
+
+            pipeline = type(self).initpipe_default_pipeline or catalog()
+        self.initpipe_pipeline = pipeline
+        self.initpipe_trace = Trace(max_records=TRACE_MAX_RECORDS)
+        self._initpipe_lock = threading.RLock()
+        self.initpipe_run = self._initpipe_start()
+
+    # shared with the v1 mixin in spirit: rank, start, failure report ---------------------
+    def _initpipe_rank(self) -> int | None:
+        parallel = self.vllm_config.parallel_config  # type: ignore[attr-defined]
+        return int(parallel.rank) if parallel.world_size > 1 else None
+
+    def _initpipe_start(self) -> Run:
+        from .runner import start_run
+
+        return start_run(self.initpipe_pipeline, self, start_inputs_v2(self))
+
+    def _initpipe_report(self, err: Any) -> None:
+        from .progress import report_failure
+
+        parallel = self.vllm_config.parallel_config  # type: ignore[attr-defined]
+        report_failure(
+            err,
+            self.initpipe_trace,
+            self.initpipe_pipeline.graph,
+            parallel.rank,
+            parallel.world_size,
+        )
+
+    # model phase ------------------------------------------------------------------------
+    def load_model(
+        self,
+        load_dummy_weights: bool = False,
+        *args: Any,
+        model: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        """Load and measure the weights as stock does, then run the model phase."""
+        with self._initpipe_lock:
+            run = self.initpipe_run
+            if run.state == "loaded":
+                if run.completed(KV):
+                    raise PhaseOrderError(
+                        "load_model() called while a KV cache is in place; shut the runner "
+                        "down first."
+                    )
+                run.close()
+                self.initpipe_run = run = self._initpipe_start()
+            eplb_models_added = self._initpipe_load_weights(load_dummy_weights, model)
+            try:
+                outputs = run.load(
+                    model=self.model,  # type: ignore[attr-defined]
+                    eplb_models_added=eplb_models_added,
+                    load_dummy_weights=load_dummy_weights,
+                )
+            except StageError as err:
+                self._initpipe_report(err)
+                raise
+            log_phase(run, "model", self._initpipe_rank())
+            apply_model_outputs_v2(self, outputs)
+
+    def _initpipe_load_weights(self, load_dummy_weights: bool, model: Any) -> bool:
+        """The first half of stock's ``load_model``, line for line: load (or take) the
+        model, LoRA, aux hidden states, the draft model; measure; log. Returns whether the
+        speculator registered with EPLB."""
+        import time
+
+        from vllm.logger import init_logger
+        from vllm.model_executor.model_loader import get_model_loader
+        from vllm.utils.mem_utils import DeviceMemoryProfiler, format_gib
+        from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (
+            set_eagle3_aux_hidden_state_layers,
+            verify_supports_aux_hidden_states_over_pp,
+        )
+        from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
+        from vllm.v1.worker.workspace import use_workspace_lane
+
+        s: Any = self
+        logger = init_logger(_MRV2_LOGGER)
+        time_before_load = time.perf_counter()
+        if model is None and load_dummy_weights:
+            s.load_config.load_format = "dummy"
+        s.eplb.prepare_load()
+        eplb_models_added = False
+        with DeviceMemoryProfiler() as m:
+            model_loader = get_model_loader(s.vllm_config.load_config)
+            logger.info_once("Loading model from scratch...")
+            with s.jit_warmup_registry.activate():
+                s.model = model or model_loader.load_model(
+                    vllm_config=s.vllm_config, model_config=s.vllm_config.model_config
+                )
+            if s.lora_config:
+                s.model = s.load_lora_model(s.model, s.vllm_config, s.device)
+            if s.use_aux_hidden_state_outputs:
+                set_eagle3_aux_hidden_state_layers(s.model, s.speculative_config)
+                if s.use_pp:
+                    verify_supports_aux_hidden_states_over_pp(s.model, s.speculative_config.method)
+                    s.pp_handler.configure_aux_hidden_state_relay(s.model)
+            if isinstance(s.speculator, DraftModelSpeculator):
+                with use_workspace_lane(s._draft_workspace_lane):
+                    s.speculator.load_model(s.model)
+                    eplb_models_added = s.eplb.maybe_register_speculator(
+                        s.speculator, s.speculative_config, load_dummy_weights
+                    )
+        time_after_load = time.perf_counter()
+        s.model_memory_usage = m.consumed_memory
+        logger.info(
+            "Model loading took %s GiB memory and %.6f seconds",
+            format_gib(m.consumed_memory),
+            time_after_load - time_before_load,
+        )
+        return bool(eplb_models_added)
+
+    def get_kv_cache_spec(self) -> dict[str, Any]:
+        """The KV cache spec per layer: the spec pipeline, over the final block size."""
+        from ..mrv2 import spec_pipeline
+
+        with self._initpipe_lock:
+            if getattr(self, "model", None) is None:
+                raise PhaseOrderError(
+                    "load_model() must be called before get_kv_cache_spec(): the spec "
+                    "reads the loaded model's layers."
+                )
+            with spec_pipeline().start(
+                trace=self.initpipe_trace,
+                vllm_config=self.vllm_config,  # type: ignore[attr-defined]
+                speculator=self.speculator,  # type: ignore[attr-defined]
+                runner_settings=RunnerV2Settings.from_runner(self),
+            ) as run:
+                try:
+                    return dict(run.load()["kv_cache_spec"])
+                except StageError as err:
+                    self._initpipe_report(err)
+                    raise
+
+    # KV phase ---------------------------------------------------------------------------
+    def initialize_kv_cache(
+        self,
+        kv_cache_config: Any,
+        is_profiling: bool = False,
+        kv_cache_allocation_context: Any = None,
+    ) -> None:
+        """Run the MRv2 KV phase (refused while one is in place)."""
+        with self._initpipe_lock:
+            run = self.initpipe_run
+            if run.state != "loaded":
+                raise PhaseOrderError(
+                    "load_model() must be called before initialize_kv_cache(): the KV phase "
+                    "reads the model phase's outputs."
+                )
+            if (
+                run.completed(KV)
+                or getattr(self, "attn_groups", None)
+                or getattr(self, "kv_caches", None)
+            ):
+                raise PhaseOrderError(
+                    "initialize_kv_cache() called while a KV cache is in place (generation "
+                    f"{run.kv_generation}). Tear it down first "
+                    "(initpipe_teardown_profiling_state(), what vLLM's CUDA-graph profiling "
+                    "does), or resize through the engine."
+                )
+            inputs = kv_inputs_v2(self, kv_cache_config, is_profiling, kv_cache_allocation_context)
+            try:
+                outputs = run.initialize_kv_cache(**inputs)
+            except StageError as err:
+                self._initpipe_report(err)
+                raise
+            apply_kv_outputs_v2(self, outputs)
+            log_phase(run, KV, self._initpipe_rank())
+
+    def _init_kv_zero_meta(self) -> None:
+        """The worker's call after ``initialize_kv_cache``: the ``kv_block_zeroer`` stage
+        built it already (or the config needs none); only a KV phase run with
+        ``is_profiling=True`` leaves it to vLLM's own method, over the same live tensors."""
+        with self._initpipe_lock:
+            if not self.initpipe_run.kv_ready:
+                raise PhaseOrderError(
+                    "_init_kv_zero_meta() needs a KV cache in place; call "
+                    "initialize_kv_cache() first."
+                )
+            if self.initpipe_run.outputs["kv_block_zeroer"] is None:
+                super()._init_kv_zero_meta()  # type: ignore[misc]
+
+    def initpipe_teardown_profiling_state(self) -> None:
+        """What vLLM's ``_teardown_profiling_state`` does, through the pipeline: the KV
+        phase's teardowns in reverse, then the runner lets go of its KV attributes, the
+        encoder's profiling graphs and dummy LoRAs go, and the allocator is flushed."""
+        import torch
+
+        torch.accelerator.synchronize()
+        with self._initpipe_lock:
+            clear_kv_state_v2(self)
+            if self.initpipe_run.state != "closed":
+                self.initpipe_run.teardown_kv_cache()
+        s: Any = self
+        if s.model_state.supports_mm_inputs:
+            s.model_state.encoder_runner.clear()
+        s.maybe_remove_all_loras(s.lora_config)
+        gc.collect()
+        torch.accelerator.empty_cache()
+
+    def profile_cudagraph_memory(self) -> int:
+        """vLLM's CUDA-graph memory profiling, its teardown going through the pipeline.
+
+        Never run here (``CPUWorker`` overrides the memory profiling; no GPU): vLLM's
+        ``profile_cudagraph_memory`` calls the module function
+        ``_teardown_profiling_state``, which is pointed at
+        :meth:`initpipe_teardown_profiling_state` for the duration of the call.
+        """
+        from vllm.v1.worker.gpu import cudagraph_utils
+
+        with _teardown_through(self, cudagraph_utils):
+            return int(super().profile_cudagraph_memory())  # type: ignore[misc]
+
+    def capture_model(self, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's CUDA-graph capture, recorded as a span of the trace."""
+        with self.initpipe_trace.span("capture_model (graph capture)", phase="vllm"):
+            return super().capture_model(*args, **kwargs)  # type: ignore[misc]
+
+    def shutdown(self) -> None:
+        """Close the run first (stock's shutdown clears the forward context and deletes the
+        model state, which the teardowns read), then vLLM's shutdown."""
+        try:
+            with self._initpipe_lock:
+                self.initpipe_run.close()
+        finally:
+            super().shutdown()  # type: ignore[misc]
+
+
+@contextlib.contextmanager
+def _teardown_through(runner: Any, module: Any) -> Iterator[None]:
+    """Point ``module._teardown_profiling_state`` at the runner's pipeline teardown."""
+    stock = module._teardown_profiling_state
+
+    def teardown(r: Any) -> None:
+        if r is runner:
+            runner.initpipe_teardown_profiling_state()
+        else:
+            stock(r)
+
+    module._teardown_profiling_state = teardown
+    try:
+        yield
+    finally:
+        module._teardown_profiling_state = stock
+
+
+def platform_runner_v2_class() -> type:
+    """The MRv2 runner class the current platform's stock worker builds.
+
+    CPU: ``vllm.v1.worker.cpu.model_runner.CPUModelRunner``; CUDA/ROCm/XPU:
+    ``vllm.v1.worker.gpu.model_runner.GPUModelRunner``.
+    """
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        import vllm.v1.worker.cpu_worker  # noqa: F401  (CPU torch shims)
+        from vllm.v1.worker.cpu.model_runner import CPUModelRunner
+
+        return CPUModelRunner
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    return GPUModelRunner
+
+
+#: The stable names of the pipelined MRv2 classes (MRv2's own classes share their names
+#: with v1's, ``GPUModelRunner`` / ``CPUModelRunner``, so the names say V2).
+V2_CLASS_NAMES = {
+    "CPUModelRunner": "PipelinedCPUModelRunnerV2",
+    "GPUModelRunner": "PipelinedGPUModelRunnerV2",
+    "XPUModelRunnerV2": "PipelinedXPUModelRunnerV2",
+}
+
+
+def pipelined_runner_v2_class(base: type | None = None) -> type:
+    """``Pipelined<Base>V2``: the MRv2 mixin over ``base`` (default: the platform's)."""
+    return _pipelined_v2(base or platform_runner_v2_class())
+
+
+@functools.cache
+def _pipelined_v2(base: type) -> type:
+    name = V2_CLASS_NAMES.get(base.__name__, f"Pipelined{base.__name__}V2")
+    return type(
+        name,
+        (PipelinedRunnerV2Mixin, base),
+        {"__module__": "initpipe_vllm.runner", "__qualname__": name},
+    )
+
+
+def resolve_v2_class(name: str) -> type | None:
+    """The pipelined MRv2 class called ``name``, built on demand (None if not one)."""
+    if name == "PipelinedCPUModelRunnerV2":
+        from vllm.v1.worker.cpu.model_runner import CPUModelRunner
+
+        return _pipelined_v2(CPUModelRunner)
+    if name == "PipelinedGPUModelRunnerV2":
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+        return _pipelined_v2(GPUModelRunner)
+    if name == "PipelinedXPUModelRunnerV2":
+        from vllm.v1.worker.xpu_model_runner import XPUModelRunnerV2
+
+        return _pipelined_v2(XPUModelRunnerV2)
+    return None

@@ -1,0 +1,263 @@
+"""KV-phase stages of Model Runner V2 from the speculator's attention to the zeroer.
+
+What belongs here: the tensor half of MRv2's ``GPUModelRunner.initialize_kv_cache``
+(``vllm/v1/worker/gpu/model_runner.py``) — the draft model's attention and its CUDA-graph
+manager ("HACK(woosuk)"; "after set_attn, so the speculator can size its cudagraph mode"),
+``init_kv_cache`` (allocation, KV-sharing aliases, binding: "Capture warmup providers that
+depend on allocated KV-cache strides"), the runner's ``kv_caches`` list, the model state's
+KV hook, the runner-held KV connector and the aux-output connector — and the KV block
+zeroer ``Worker.initialize_from_config`` builds right after (``_init_kv_zero_meta``).
+
+Teardowns run in reverse and undo what MRv2's ``_teardown_profiling_state``
+(``vllm/v1/worker/gpu/cudagraph_utils.py``) undoes: the model state's Mamba KV state, the
+layers' ``kv_cache`` bindings (forward context and model modules), the KV views; the
+runner's own references are dropped by the adapter. torch and vllm are imported inside
+stage bodies only.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from initpipe import KV, stage
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+__all__ = [
+    "aux_output_connector",
+    "kv_block_zeroer",
+    "kv_caches_by_layer",
+    "kv_connector",
+    "model_state_kv",
+    "runner_kv_caches",
+    "speculator_attn",
+    "speculator_cudagraph_manager",
+]
+
+
+def _draft_speculator(speculator: Any) -> bool:
+    from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
+
+    return isinstance(speculator, DraftModelSpeculator)
+
+
+@stage(
+    needs=KV,
+    after=("attention_cp_compatible",),
+    effects=("speculator attention groups, block tables and buffers (set_attn)",),
+)
+def speculator_attn(
+    speculator: Any,
+    model_state: Any,
+    runner_kv_cache_config: KVCacheConfig,
+    block_tables: Any,
+    input_buffers: Any,
+    attn_groups: list[list[Any]],
+) -> bool:
+    """A draft-model speculator builds its own attention over this KV cache (``set_attn``).
+
+    False (nothing done) without a draft model. Never run here (no speculator on the CPU
+    test models): written from vLLM's code.
+    """
+    if not _draft_speculator(speculator):
+        return False
+    speculator.set_attn(
+        model_state, runner_kv_cache_config, block_tables, input_buffers, attn_groups
+    )
+    return True
+
+
+@stage(
+    needs=KV,
+    after=("speculator_attn",),
+    effects=("speculator CUDA-graph managers",),
+)
+def speculator_cudagraph_manager(speculator: Any, cudagraph_mode: Any) -> bool:
+    """The speculator sizes its CUDA-graph managers to the resolved mode (after ``set_attn``).
+
+    False without a speculator. Never run here: written from vLLM's code.
+    """
+    if speculator is None:
+        return False
+    speculator.init_cudagraph_manager(cudagraph_mode)
+    return True
+
+
+def _unbind_layers(kv_caches_by_layer: dict[str, Any], vllm_config: VllmConfig, model: Any) -> None:
+    """Detach every layer's KV view (forward context and the model's modules) and drop the
+    views, then return the memory to the allocator, as ``_teardown_profiling_state`` does.
+    """
+    import torch
+    from vllm.v1.hisparse.binding import release_hisparse_profiling_cache
+    from vllm.v1.worker.utils import clear_layer_kv_caches
+
+    forward_context = vllm_config.compilation_config.static_forward_context
+    layers: Any = forward_context.values()
+    if model is not None:
+        layers = itertools.chain(layers, model.modules())
+    clear_layer_kv_caches(layers)
+    release_hisparse_profiling_cache(forward_context)
+    kv_caches_by_layer.clear()
+    torch.accelerator.empty_cache()
+
+
+@stage(
+    needs=KV,
+    after=("speculator_cudagraph_manager",),
+    teardown=_unbind_layers,
+    effects=("layer.kv_cache", "attn_group kernel block views"),
+)
+def kv_caches_by_layer(
+    vllm_config: VllmConfig,
+    device: Any,
+    runner_kv_cache_config: KVCacheConfig,
+    kernel_block_sizes: list[int],
+    block_tables: Any,
+    attn_groups: list[list[Any]],
+    speculator: Any,
+    kv_cache_allocation_context: Any,
+    jit_warmup_registry: Any,
+    model: Any,
+) -> dict[str, Any]:
+    """vLLM's ``init_kv_cache``: allocate, alias KV-sharing layers, bind views to layers.
+
+    Inside ``kv_cache_allocation_context`` when given, and inside the JIT warm-up capture.
+    The speculator's attention groups map their views too (they build their own metadata).
+    Runs after the speculator's CUDA-graph manager, as stock: warm-up providers captured
+    here depend on the allocated strides. ``model`` is read by the teardown only (it
+    detaches the views from the model's modules too, as stock's teardown does).
+    """
+    from vllm.v1.worker.gpu.attn_utils import init_kv_cache
+
+    groups = list(attn_groups) + list(getattr(speculator, "attn_groups", []))
+    with jit_warmup_registry.activate():
+        return init_kv_cache(
+            vllm_config.compilation_config.static_forward_context,
+            runner_kv_cache_config,
+            device,
+            kernel_block_sizes,
+            vllm_config,
+            kv_cache_allocation_context=kv_cache_allocation_context,
+            block_tables=block_tables,
+            attn_groups=(g for gs in groups for g in gs),
+        )
+
+
+def _drop_list(runner_kv_caches: list[Any]) -> None:
+    runner_kv_caches.clear()
+
+
+@stage(needs=KV, teardown=_drop_list)
+def runner_kv_caches(kv_caches_by_layer: Mapping[str, Any], device: Any) -> list[Any]:
+    """The runner's ``kv_caches``: every view on this device, in layer order (aliases kept,
+    as stock keeps them)."""
+    return [cache for cache in kv_caches_by_layer.values() if cache.device == device]
+
+
+def _clear_model_state_kv(model_state_kv: bool, model_state: Any) -> None:
+    """What ``_teardown_profiling_state`` resets on the model state: the Mamba context and
+    the Mamba group metadata derived from the KV config (re-derived by the next phase)."""
+    if hasattr(model_state, "_mamba_ctx"):
+        model_state._mamba_ctx = None
+    if hasattr(model_state, "_mamba_group_ids"):
+        model_state._mamba_group_ids = []
+    if hasattr(model_state, "_mamba_spec"):
+        model_state._mamba_spec = None
+
+
+@stage(
+    needs=KV,
+    after=("runner_kv_caches",),
+    teardown=_clear_model_state_kv,
+    effects=("model_state KV state (Mamba context, group ids)",),
+)
+def model_state_kv(
+    model_state: Any,
+    runner_kv_cache_config: KVCacheConfig,
+    block_tables: Any,
+    kv_caches_by_layer: Mapping[str, Any],
+) -> bool:
+    """The model state's hook over the bound KV cache (``model_state.initialize_kv_cache``).
+
+    ``kv_caches_by_layer`` orders it after binding. Returns True.
+    """
+    model_state.initialize_kv_cache(runner_kv_cache_config, block_tables)
+    return True
+
+
+@stage(needs=KV, after=("model_state_kv",))
+def kv_connector(
+    vllm_config: VllmConfig, kv_caches_by_layer: Mapping[str, Any], is_profiling: bool
+) -> Any:
+    """The runner-held KV connector over these caches (vLLM's no-op one while profiling or
+    without a KV transfer group)."""
+    from vllm.v1.worker.gpu.kv_connector import NO_OP_KV_CONNECTOR, get_kv_connector
+
+    if is_profiling:
+        return NO_OP_KV_CONNECTOR
+    return get_kv_connector(vllm_config, dict(kv_caches_by_layer))
+
+
+def _close_aux(aux_output_connector: Any) -> None:
+    if aux_output_connector is not None:
+        aux_output_connector.close()
+
+
+@stage(needs=KV, after=("kv_connector",), teardown=_close_aux)
+def aux_output_connector(
+    vllm_config: VllmConfig,
+    model: Any,
+    runner_kv_cache_config: KVCacheConfig,
+    is_profiling: bool,
+) -> Any:
+    """The aux-output (R3 capture) connector, when enabled and not profiling (else None).
+
+    Its teardown closes it: a KV phase torn down leaves no connector reading its cache.
+    """
+    if is_profiling or not vllm_config.aux_output_config.enabled:
+        return None
+    from vllm.distributed.aux_output_connector.worker import get_aux_output_connector
+
+    return get_aux_output_connector(model, vllm_config, runner_kv_cache_config)
+
+
+def _disarm_zeroer(kv_block_zeroer: Any) -> None:
+    """Drop the zeroer's address table: a holder gets a no-op, never a write into freed
+    memory (``zero_block_ids`` returns when ``_meta`` is None)."""
+    if kv_block_zeroer is not None:
+        kv_block_zeroer._meta = None
+
+
+@stage(needs=KV, after=("aux_output_connector",), teardown=_disarm_zeroer)
+def kv_block_zeroer(
+    vllm_config: VllmConfig,
+    device: Any,
+    kv_cache_config: KVCacheConfig,
+    is_profiling: bool,
+    attn_groups: list[list[Any]],
+    kernel_block_sizes: list[int],
+    runner_kv_cache_config: KVCacheConfig,
+    runner_kv_caches: list[Any],
+) -> Any:
+    """vLLM's ``KVBlockZeroer`` over this phase's bound tensors, as MRv2's
+    ``_init_kv_zero_meta`` builds it; None when the engine's config needs no zeroing or
+    while profiling (the worker builds it only after the real KV phase).
+
+    Built outside ``kv_cache_allocation_context`` (that stage has left it), so its address
+    table is ordinary allocator memory. ``runner_kv_caches`` orders it after binding.
+    """
+    if is_profiling or not kv_cache_config.needs_kv_cache_zeroing:
+        return None
+    from vllm.v1.worker.utils import KVBlockZeroer
+
+    return KVBlockZeroer(
+        device,
+        attn_groups_iter=(g for gs in attn_groups for g in gs),
+        kernel_block_sizes=kernel_block_sizes,
+        static_forward_context=vllm_config.compilation_config.static_forward_context,
+        num_blocks=runner_kv_cache_config.num_blocks,
+    )

@@ -1,0 +1,375 @@
+"""Model-phase stages of Model Runner V2: what ``load_model`` builds once the weights exist.
+
+What belongs here: every step of ``GPUModelRunner.load_model`` in
+``vllm/v1/worker/gpu/model_runner.py`` (MRv2) after the weights are loaded and measured —
+the model state, ``decode_query_len``, batch sharder, samplers, prompt-logprobs and
+structured-output workers, pooling runner, EPLB registration, PP intermediate tensors, the
+offloader's ``post_init`` and stock torch.compile — plus :func:`kv_cache_spec`
+(``GPUModelRunner.get_kv_cache_spec``), which is its own one-stage pipeline (see below).
+
+When it runs: inside ``load_model``, at stock's time (unlike the v1 catalog, which defers
+its model phase to the first ``get_kv_cache_spec``): MRv2's model states read
+``cache_config.block_size`` at load time (``EncoderOnlyModelState``), and reading it later
+would differ from stock. The KV cache spec, which must read the *final* block size (the
+executor calls ``update_block_size_for_backend`` after ``load_model``), is the catalog's
+separate :func:`spec_pipeline`, run on each ``get_kv_cache_spec`` (memoized per block size).
+
+Process-global effects (EPLB's model registration and async loop, the offloader) are
+declared; a retry of the phase that would register or start them a second time is refused.
+
+No torch or vllm import at module import time.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from initpipe import MODEL, stage
+
+from ..errors import ModelPhaseError
+from .types import RunnerV2Settings
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+__all__ = [
+    "batch_sharder",
+    "custom_logits_processors",
+    "decode_query_len",
+    "eplb_registration",
+    "intermediate_tensors",
+    "kv_cache_spec",
+    "model_state",
+    "offloader_post_init",
+    "pooling_runner",
+    "prompt_logprobs_worker",
+    "samplers",
+    "stock_torch_compile",
+    "structured_outputs_worker",
+]
+
+#: EPLB states and offloaders this process already registered with / post-initialized:
+#: vLLM keeps them process-wide, so a second registration would double them.
+_EPLB_REGISTERED: weakref.WeakSet[Any] = weakref.WeakSet()
+_OFFLOADERS_POST_INITED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _samples(runner_settings: RunnerV2Settings) -> bool:
+    """The last PP rank of a generating model samples (vLLM builds its samplers there)."""
+    return runner_settings.is_last_pp_rank and not runner_settings.is_pooling_model
+
+
+@stage(needs=MODEL)
+def model_state(vllm_config: VllmConfig, model: Any, encoder_cache: Any, device: Any) -> Any:
+    """vLLM's ``init_model_state``: the per-architecture state object (reads the block size).
+
+    Raises:
+        ModelPhaseError: ``model`` is None (load the weights first).
+    """
+    from vllm.v1.worker.gpu.model_states import init_model_state
+
+    if model is None:
+        raise ModelPhaseError("model_state: model is None; load the model first.")
+    return init_model_state(vllm_config, model, encoder_cache, device)
+
+
+@stage(needs=MODEL)
+def decode_query_len(runner_settings: RunnerV2Settings, model_state: Any) -> int:
+    """Tokens per request in a decode step: speculative steps plus newly sampled tokens."""
+    return runner_settings.num_speculative_steps + model_state.num_new_sampled_tokens_per_step
+
+
+@stage(needs=MODEL)
+def batch_sharder(
+    vllm_config: VllmConfig,
+    model: Any,
+    runner_settings: RunnerV2Settings,
+    decode_query_len: int,
+    device: Any,
+) -> Any:
+    """The batch-sharded sampling helper, when enabled and the model computes local logits.
+
+    None otherwise (vLLM warns once when the model lacks ``compute_logits_local``).
+    """
+    from vllm.logger import init_logger
+    from vllm.v1.worker.gpu.sample.batch_shard import BatchSharder
+
+    if not vllm_config.parallel_config.enable_batch_sharded_sampling:
+        return None
+    logger = init_logger("vllm.v1.worker.gpu.model_runner")
+    if not hasattr(model, "compute_logits_local"):
+        logger.warning_once(
+            "Disabling batch-sharded sampling: %s does not implement compute_logits_local",
+            type(model).__name__,
+        )
+        return None
+    logger.info("Batch-sharded sampling enabled.")
+    return BatchSharder(
+        max_num_reqs=runner_settings.max_num_reqs,
+        max_num_logits_per_req=decode_query_len,
+        device=device,
+    )
+
+
+@stage(needs=MODEL, after=("batch_sharder",))
+def custom_logits_processors(
+    vllm_config: VllmConfig, req_states: Any, runner_settings: RunnerV2Settings
+) -> Any:
+    """The config's custom logits processors over the runner's request states."""
+    from vllm.v1.worker.gpu.sample.logits_processor import build_custom_logits_processors
+
+    config_processors = vllm_config.model_config.logits_processors or ()
+    return build_custom_logits_processors(
+        vllm_config, req_states, runner_settings.is_pooling_model, config_processors
+    )
+
+
+@stage(needs=MODEL, provides=("sampler", "rejection_sampler"))
+def samplers(
+    vllm_config: VllmConfig,
+    device: Any,
+    runner_settings: RunnerV2Settings,
+    req_states: Any,
+    model_state: Any,
+    decode_query_len: int,
+    custom_logits_processors: Any,
+    jit_warmup_registry: Any,
+) -> dict[str, Any]:
+    """The sampler (watermarking or plain, or the model state's own) and rejection sampler.
+
+    Only on the last PP rank of a generating model (both None elsewhere). ROCm registers
+    the native top-k/top-p warm-ups first, as vLLM does.
+    """
+    if not _samples(runner_settings):
+        return {"sampler": None, "rejection_sampler": None}
+    from vllm.platforms import current_platform
+    from vllm.v1.watermarking import create_watermarker
+    from vllm.v1.watermarking.gpu_sampler import GPUWatermarkSampler
+    from vllm.v1.watermarking.spec_decode import (
+        create_speculative_target_watermarker,
+        speculative_target_watermark_key,
+    )
+    from vllm.v1.worker.gpu.sample.sampler import Sampler
+    from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
+
+    if current_platform.is_rocm():
+        from vllm.v1.sample.ops.topk_topp_sampler import register_top_k_top_p_warmups
+
+        with jit_warmup_registry.activate():
+            register_top_k_top_p_warmups()
+    model_config = vllm_config.model_config
+    sampler_kwargs: dict[str, Any] = {
+        "vllm_config": vllm_config,
+        "max_num_reqs": runner_settings.max_num_reqs,
+        "vocab_size": runner_settings.vocab_size,
+        "device": device,
+        "req_states": req_states,
+        "logprobs_mode": model_config.logprobs_mode,
+        "num_speculative_tokens": decode_query_len,
+        "use_fp64_gumbel": model_config.use_fp64_gumbel,
+        "enable_trace_replay": model_config.enable_trace_replay,
+        "return_sampling_mask": model_config.return_sampling_mask,
+        "custom_logits_processors": custom_logits_processors,
+    }
+    wm_config = vllm_config.watermark_config
+    sampler: Any
+    if wm_config is None:
+        sampler = Sampler(**sampler_kwargs)
+    else:
+        watermarker = create_watermarker(wm_config)
+        if vllm_config.speculative_config is not None:
+            watermarker = create_speculative_target_watermarker(watermarker)
+        sampler = GPUWatermarkSampler(
+            watermarker,
+            deduplicate_contexts=wm_config.deduplicate_contexts,
+            deduplicate_contexts_max_history=wm_config.deduplicate_contexts_max_history,
+            **sampler_kwargs,
+        )
+    rejection_sampler = None
+    custom = model_state.custom_sampler(sampler)
+    if custom:
+        vllm_config._check_supports_watermarking(custom_sampler=True)
+        sampler, rejection_sampler = custom
+    elif vllm_config.speculative_config is not None:
+        rejection_sampler = RejectionSampler(
+            sampler,
+            vllm_config.speculative_config,
+            device,
+            watermark_key=speculative_target_watermark_key(wm_config),
+        )
+    return {"sampler": sampler, "rejection_sampler": rejection_sampler}
+
+
+@stage(needs=MODEL, after=("samplers",))
+def prompt_logprobs_worker(
+    vllm_config: VllmConfig, device: Any, runner_settings: RunnerV2Settings
+) -> Any:
+    """The prompt-logprobs worker (last PP rank of a generating model; else None)."""
+    if not _samples(runner_settings):
+        return None
+    from vllm.v1.worker.gpu.sample.prompt_logprob import PromptLogprobsWorker
+
+    return PromptLogprobsWorker(
+        runner_settings.max_num_reqs,
+        device,
+        logprobs_mode=vllm_config.model_config.logprobs_mode,
+    )
+
+
+@stage(needs=MODEL, after=("prompt_logprobs_worker",))
+def structured_outputs_worker(
+    device: Any, runner_settings: RunnerV2Settings, model_state: Any, decode_query_len: int
+) -> Any:
+    """The structured-outputs (grammar mask) worker (last PP rank, generating; else None)."""
+    if not _samples(runner_settings):
+        return None
+    from vllm.v1.worker.gpu.structured_outputs import StructuredOutputsWorker
+
+    return StructuredOutputsWorker(
+        max_num_logits=runner_settings.max_num_reqs * decode_query_len,
+        vocab_size=runner_settings.vocab_size,
+        device=device,
+        mask_stride=decode_query_len,
+        num_bonus_tokens=model_state.num_new_sampled_tokens_per_step,
+    )
+
+
+@stage(needs=MODEL, after=("structured_outputs_worker",))
+def pooling_runner(vllm_config: VllmConfig, model: Any, runner_settings: RunnerV2Settings) -> Any:
+    """The pooling runner of a pooling model on the last PP rank (else None)."""
+    if not (runner_settings.is_pooling_model and runner_settings.is_last_pp_rank):
+        return None
+    from vllm.v1.worker.gpu.pool.pooling_runner import PoolingRunner
+
+    return PoolingRunner(model, vllm_config)
+
+
+@stage(
+    needs=MODEL,
+    after=("pooling_runner",),
+    effects=("EPLB state: MoE model registered", "EPLB async rebalancing loop started"),
+)
+def eplb_registration(
+    vllm_config: VllmConfig,
+    model: Any,
+    eplb: Any,
+    eplb_models_added: bool,
+    load_dummy_weights: bool,
+) -> bool:
+    """Register the MoE model with EPLB and start its async loop (where enabled).
+
+    Returns whether any model (the speculator's, during weight loading, included) is
+    registered. vLLM's EPLB state is shared with the rebalancing loop and has no
+    unregister call, so no teardown; registering the same state twice would count the
+    experts twice, so a second run over the same state is refused.
+
+    Raises:
+        ModelPhaseError: this EPLB state was registered by an earlier run of the stage
+            (reload the weights, which creates a new state, or restart the worker).
+    """
+    state = eplb.state
+    if state is not None and state in _EPLB_REGISTERED:
+        msg = (
+            "eplb_registration: this worker's EPLB state already holds the model from an "
+            "earlier model phase; registering it again would double its experts. Reload the "
+            "weights (load_model) or restart the worker."
+        )
+        raise ModelPhaseError(msg)
+    added = bool(eplb.maybe_register_model(model, vllm_config.model_config))
+    if state is not None and added:
+        _EPLB_REGISTERED.add(state)
+    added = bool(eplb_models_added) or added
+    eplb.maybe_start_async_loop(added, load_dummy_weights)
+    return added
+
+
+@stage(needs=MODEL, after=("eplb_registration",))
+def intermediate_tensors(
+    vllm_config: VllmConfig, model: Any, runner_settings: RunnerV2Settings, device: Any
+) -> Any:
+    """The persistent PP receive buffers of a non-first PP rank (None on the first).
+
+    Sized for ``max_num_tokens`` so captured graphs see fixed addresses.
+    """
+    if runner_settings.is_first_pp_rank:
+        return None
+    return model.make_empty_intermediate_tensors(
+        batch_size=runner_settings.max_num_tokens,
+        dtype=vllm_config.model_config.dtype,
+        device=device,
+    )
+
+
+@stage(
+    needs=MODEL,
+    after=("intermediate_tensors",),
+    effects=("the process-wide offloader: post_init",),
+)
+def offloader_post_init() -> str:
+    """``get_offloader().post_init()`` (a process global set by the runner's ``__init__``).
+
+    Returns the offloader's class name. Refused on an offloader already post-initialized
+    in this process (a retry would start its prefetching twice).
+
+    Raises:
+        ModelPhaseError: the offloader was post-initialized already.
+    """
+    from vllm.model_executor.offloader import get_offloader
+
+    offloader = get_offloader()
+    try:
+        done = offloader in _OFFLOADERS_POST_INITED
+    except TypeError:  # not weak-referenceable: vLLM's no-op offloader is
+        done = False
+    if done:
+        msg = (
+            f"offloader_post_init: the process's {type(offloader).__name__} was "
+            "post-initialized by an earlier model phase; restart the worker."
+        )
+        raise ModelPhaseError(msg)
+    offloader.post_init()
+    try:
+        _OFFLOADERS_POST_INITED.add(offloader)
+    except TypeError:
+        pass
+    return type(offloader).__name__
+
+
+@stage(needs=MODEL, after=("offloader_post_init",), effects=("model compiled in place",))
+def stock_torch_compile(vllm_config: VllmConfig, model: Any) -> bool:
+    """``compile_model_with_stock_torch`` in ``STOCK_TORCH_COMPILE`` mode; else nothing."""
+    from vllm.config.compilation import CompilationMode
+
+    if vllm_config.compilation_config.mode != CompilationMode.STOCK_TORCH_COMPILE:
+        return False
+    from vllm.compilation.wrapper import compile_model_with_stock_torch
+
+    compile_model_with_stock_torch(model, vllm_config)
+    return True
+
+
+# -- the KV cache spec: its own one-stage pipeline (see the module docstring) ------------
+@stage(needs=MODEL)
+def kv_cache_spec(
+    vllm_config: VllmConfig, speculator: Any, runner_settings: RunnerV2Settings
+) -> Any:
+    """vLLM's ``attn_utils.get_kv_cache_spec`` plus MRv2's DCP draft rule.
+
+    Reads the current (final) ``cache_config.block_size``. A draft model running at DCP=1
+    under a DCP target keeps a replicated cache (``dcp_sharded=False``).
+    """
+    from dataclasses import replace
+
+    from vllm.v1.worker.gpu.attn_utils import get_kv_cache_spec
+    from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
+
+    spec = get_kv_cache_spec(vllm_config)
+    if (
+        isinstance(speculator, DraftModelSpeculator)
+        and speculator.dcp_size == 1
+        and runner_settings.dcp_size > 1
+    ):
+        for name in speculator.draft_attn_layer_names & spec.keys():
+            spec[name] = replace(spec[name], dcp_sharded=False)
+    return spec

@@ -1,0 +1,13 @@
+"""Test kit: Model Runner V2 on Triton's interpreter (see initpipe_vllm.testing.triton_cpu).
+
+Put on ``PYTHONPATH`` only by ``triton_cpu.environ()``. At interpreter start, when
+``TRITON_INTERPRET=1``, it adds the ``"cpu"`` entry to ``triton.backends.backends`` that
+vLLM's ``HAS_TRITON`` check wants, before anything imports vLLM. Otherwise it does nothing.
+"""
+
+import os
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from initpipe_vllm.testing.triton_cpu import register_cpu_backend  # type: ignore[import-not-found]
+
+    register_cpu_backend()
