@@ -47,6 +47,7 @@ __all__ = [
     "apply_kv_outputs_v2",
     "apply_model_outputs_v2",
     "clear_kv_state_v2",
+    "engine_kv_cache_config_v2",
     "kv_inputs_v2",
     "pipelined_runner_v2_class",
     "platform_runner_v2_class",
@@ -183,6 +184,20 @@ def clear_kv_state_v2(runner: Any) -> None:
     runner.kv_block_zeroer = None
     runner.aux_output_connector = None
     runner.cache_config.num_gpu_blocks = None
+
+
+def engine_kv_cache_config_v2(runner: Any) -> Any:
+    """Recover the engine's KVCacheConfig from an MRv2 runner's working copy: drop the
+    KV-sharing layers ``init_attn_backend`` added to their targets' groups."""
+    import copy
+
+    from vllm.v1.worker.gpu.attn_utils import get_shared_kv_cache_layers
+
+    cfg = copy.deepcopy(runner.kv_cache_config)
+    shared = set(get_shared_kv_cache_layers(runner.vllm_config))
+    for group in cfg.kv_cache_groups:
+        group.layer_names = [n for n in group.layer_names if n not in shared]
+    return cfg
 
 
 #: How many trace events a pipelined runner keeps.

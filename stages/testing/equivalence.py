@@ -202,11 +202,18 @@ def _snapshot(worker: Any) -> dict[str, Any]:
     return runner_snapshot(worker.model_runner)
 
 
+def _is_v2(runner: Any) -> bool:
+    """Model Runner V2 (``vllm/v1/worker/gpu/model_runner.py`` or a subclass), stock or
+    pipelined: it has no ``cudagraph_dispatcher``."""
+    return not hasattr(runner, "cudagraph_dispatcher")
+
+
 def _runner_meta(worker: Any) -> dict[str, Any]:
     runner = worker.model_runner
     run = getattr(runner, "initpipe_run", None)
     return {
         "runner_class": type(runner).__name__,
+        "runner_version": "v2" if _is_v2(runner) else "v1",
         "kv_generation": None if run is None else run.kv_generation,
         "stages_completed": None if run is None else run.completed("kv_cache_config"),
         "kv_connector_registered": (
@@ -218,10 +225,11 @@ def _runner_meta(worker: Any) -> dict[str, Any]:
 def _reinitialize(worker: Any) -> dict[str, Any]:
     """Cleanup, vLLM's minimal profiling KV cache, cleanup, then the real KV cache again."""
     from ..hook.runner import engine_kv_cache_config
+    from ..hook.runner_v2 import engine_kv_cache_config_v2
     from .snapshot import runner_snapshot
 
     runner = worker.model_runner
-    cfg = engine_kv_cache_config(runner)
+    cfg = (engine_kv_cache_config_v2 if _is_v2(runner) else engine_kv_cache_config)(runner)
     num_blocks = runner.cache_config.num_gpu_blocks
     _profiling_cleanup(runner)
     out = {"cleaned": runner_snapshot(runner, blocks=False)}
@@ -240,8 +248,22 @@ def _reinitialize(worker: Any) -> dict[str, Any]:
 
 
 def _profiling_cleanup(runner: Any) -> None:
-    """The end of vLLM's ``profile_cudagraph_memory``: clear the dispatcher keys, then
-    ``_cleanup_profiling_kv_cache()`` (which, stock or pipelined, leaves the keys)."""
+    """The end of vLLM's ``profile_cudagraph_memory``.
+
+    v1: clear the dispatcher keys, then ``_cleanup_profiling_kv_cache()`` (which, stock or
+    pipelined, leaves the keys). Model Runner V2: its module function
+    ``_teardown_profiling_state`` (stock), or the pipelined runner's
+    ``initpipe_teardown_profiling_state`` (what its ``profile_cudagraph_memory`` calls in its
+    place); MRv2's ``profile_cudagraph_memory`` itself never runs on CPU.
+    """
+    if _is_v2(runner):
+        if hasattr(runner, "initpipe_teardown_profiling_state"):
+            runner.initpipe_teardown_profiling_state()
+        else:
+            from vllm.v1.worker.gpu.cudagraph_utils import _teardown_profiling_state
+
+            _teardown_profiling_state(runner)
+        return
     for key_set in runner.cudagraph_dispatcher.cudagraph_keys.values():
         key_set.clear()
     runner.cudagraph_dispatcher.keys_initialized = False
@@ -477,6 +499,7 @@ def compare_model(
     reinit: bool = True,
     weights: str = "seeded",
     weights_dir: str | os.PathLike[str] | None = None,
+    model_runner: str | None = None,
     **overrides: Any,
 ) -> dict[str, Any]:
     """Run stock then pipelined on ``model_dir``; return ``{"equal", "diffs", ...}``.
@@ -484,6 +507,8 @@ def compare_model(
     Args:
         model_dir: A tiny model folder.
         reinit: Also re-initialize the KV cache and run a second workload.
+        model_runner: ``"v1"`` or ``"v2"``: the runner both engines must have run (a
+            difference is reported otherwise); None: whichever vLLM chose.
         weights: ``"seeded"`` or ``"dummy"`` (see :func:`loadable_model`).
         weights_dir: Cache folder for seeded weights (``None``: a temporary one).
         **overrides: Engine arguments for both engines.
@@ -512,6 +537,10 @@ def compare_model(
     for rank, cls in enumerate(meta["pipelined"]["runner_classes"]):
         if not cls.startswith("Pipelined"):
             diffs.append(f"/meta: the pipelined engine's rank {rank} ran {cls}")
+    for side in ("stock", "pipelined"):
+        ran = meta[side]["runner_version"]
+        if model_runner is not None and ran != model_runner:
+            diffs.append(f"/meta: the {side} engine ran the {ran} runner, not {model_runner}")
     workloads = [stock[k] for k in ("outputs_a", "outputs_b") if k in stock]
     problems = [f"{p} (stock)" for w in workloads for p in workload_problems(w)]
     log = meta["stock"]["prefix_caching_log"] + meta["pipelined"]["prefix_caching_log"]
@@ -527,6 +556,7 @@ def compare_model(
             "vllm_log": list(dict.fromkeys(log)),
         },
         "outputs": stock.get("outputs_a"),
+        "model_runner": meta["stock"]["runner_version"],
         "meta": meta,
         "stock": stock,
         "pipelined": piped,
@@ -574,6 +604,13 @@ def main(argv: list[str] | None = None) -> int:
         "afterwards)",
     )
     parser.add_argument(
+        "--model-runner",
+        choices=("v1", "v2"),
+        default="v1",
+        help="the vLLM model runner both engines run: v1 (default) or Model Runner V2 (on a "
+        "CPU target through Triton's interpreter: initpipe_vllm.testing.triton_cpu)",
+    )
+    parser.add_argument(
         "--dummy-weights",
         action="store_true",
         help="use vLLM's dummy weights (outputs then do not depend on the KV cache)",
@@ -585,6 +622,7 @@ def main(argv: list[str] | None = None) -> int:
     parallel = parallel_engine_kwargs(args.tensor_parallel_size, args.pipeline_parallel_size)
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if args.multiprocess else "0"
+    _select_runner(args.model_runner)
     if args.multiprocess or parallel:
         # collective_rpc ships the snapshot functions to the worker processes by pickle.
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
@@ -607,6 +645,7 @@ def main(argv: list[str] | None = None) -> int:
                     reinit=not args.no_reinit,
                     weights=weights,
                     weights_dir=weights_dir,
+                    model_runner=args.model_runner,
                     **parallel,
                 )
             except Exception as err:  # report and go on with the next model
@@ -624,6 +663,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_file(args.json, json.dumps(reports, default=repr, indent=1))
     return 0 if all(r["equal"] and not r["problems"] for r in reports) else 1
+
+
+def _select_runner(version: str) -> None:
+    """Make this process (and the ones it spawns) build ``version``'s runner.
+
+    v1: ``VLLM_USE_V2_MODEL_RUNNER=0``. v2: ``=1``, and on a CPU target Triton's
+    interpreter with the CPU backend entry vLLM checks for (:mod:`.triton_cpu`), set up
+    before vLLM is imported.
+    """
+    if version == "v1":
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        return
+    if os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
+        from .triton_cpu import enable_in_process
+
+        enable_in_process()
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
 
 
 def _status(rep: dict[str, Any]) -> str:

@@ -154,9 +154,13 @@ def _digest(t: Any) -> str | None:
 
 
 def _zeroer(runner: Any, storages: _Storages, live: list[Any]) -> Any:
-    """The KV block zeroer's segment table, each address as ``[storage, offset]`` into a
+    """The v1 runner's KV block zeroer (``_kv_block_zeroer``), see :func:`zeroer_table`."""
+    return zeroer_table(getattr(runner, "_kv_block_zeroer", None), storages, live)
+
+
+def zeroer_table(z: Any, storages: _Storages, live: list[Any]) -> Any:
+    """A KV block zeroer's segment table, each address as ``[storage, offset]`` into a
     live KV storage, or ``"freed"`` when it points into no live KV memory."""
-    z = getattr(runner, "_kv_block_zeroer", None)
     if z is None:
         return None
     meta = getattr(z, "_meta", None)
@@ -216,6 +220,45 @@ def _process_globals() -> dict[str, Any]:
     }
 
 
+def kv_cache_config_data(kvc: Any) -> Any:
+    """A runner's working ``KVCacheConfig`` as plain data (None when it has none)."""
+    if kvc is None:
+        return None
+    return {
+        "num_blocks": kvc.num_blocks,
+        "groups": [
+            {"layer_names": list(g.layer_names), "spec": _spec(g.kv_cache_spec)}
+            for g in kvc.kv_cache_groups
+        ],
+        "tensors": [
+            {
+                "size": t.size,
+                "layers": list(t.layers),
+                "layer_stride": t.layer_stride,
+                "block_stride": t.block_stride,
+                "offset": t.offset,
+            }
+            for t in kvc.kv_cache_tensors
+        ],
+    }
+
+
+def layer_bindings(runner: Any, storages: _Storages) -> tuple[dict[str, Any], list[Any]]:
+    """Each forward-context layer's bound ``kv_cache`` (as views) and the flat views."""
+    layers = {}
+    views = []
+    for name, layer in runner.vllm_config.compilation_config.static_forward_context.items():
+        if hasattr(layer, "kv_cache"):
+            backend = getattr(layer, "attn_backend", None)
+            layers[name] = {
+                "kv_cache": storages.view(layer.kv_cache),
+                "class": type(layer).__name__,
+                "backend": backend.get_name() if backend is not None else None,
+            }
+            views.append(layer.kv_cache)
+    return layers, _flat(views)
+
+
 def _vllm_base(cls: type) -> str:
     for c in cls.__mro__:
         if c.__module__.startswith("vllm."):
@@ -227,12 +270,17 @@ def runner_snapshot(runner: Any, *, blocks: bool = True) -> dict[str, Any]:
     """Turn a runner's initialization state into plain, JSON-able data.
 
     Args:
-        runner: a ``GPUModelRunner`` (stock or pipelined).
+        runner: a ``GPUModelRunner`` (stock or pipelined; a Model Runner V2 runner is
+            read by :func:`~initpipe_vllm.testing.snapshot_v2.runner_snapshot_v2`).
         blocks: include which KV blocks of each runner view hold non-zero data.
 
     Returns:
         A dict; two runners initialized the same way give equal dicts.
     """
+    if not hasattr(runner, "cudagraph_dispatcher"):  # Model Runner V2
+        from .snapshot_v2 import runner_snapshot_v2
+
+        return runner_snapshot_v2(runner, blocks=blocks)
     storages = _Storages()
     cc = runner.vllm_config.compilation_config
     cache = runner.cache_config
@@ -259,46 +307,11 @@ def runner_snapshot(runner: Any, *, blocks: bool = True) -> dict[str, Any]:
         "init_max_num_blocks": list(runner._init_max_num_blocks),
         "init_slot_mapping_modes": [_scalar(m) for m in runner._init_slot_mapping_modes],
     }
-    kvc = getattr(runner, "kv_cache_config", None)
-    snap["kv_cache_config"] = (
-        None
-        if kvc is None
-        else {
-            "num_blocks": kvc.num_blocks,
-            "groups": [
-                {"layer_names": list(g.layer_names), "spec": _spec(g.kv_cache_spec)}
-                for g in kvc.kv_cache_groups
-            ],
-            "tensors": [
-                {
-                    "size": t.size,
-                    "layers": list(t.layers),
-                    "layer_stride": t.layer_stride,
-                    "block_stride": t.block_stride,
-                    "offset": t.offset,
-                }
-                for t in kvc.kv_cache_tensors
-            ],
-        }
-    )
+    snap["kv_cache_config"] = kv_cache_config_data(getattr(runner, "kv_cache_config", None))
     snap["attn_groups"] = [[_attn_group(g) for g in gs] for gs in runner.attn_groups]
     snap["runner_kv_caches"] = [storages.view(t) for t in kv_list]
-    layers = {}
-    for name, layer in runner.vllm_config.compilation_config.static_forward_context.items():
-        if hasattr(layer, "kv_cache"):
-            backend = getattr(layer, "attn_backend", None)
-            layers[name] = {
-                "kv_cache": storages.view(layer.kv_cache),
-                "class": type(layer).__name__,
-                "backend": backend.get_name() if backend is not None else None,
-            }
-    snap["layers"] = layers
-    layer_views = [
-        layer.kv_cache
-        for layer in runner.vllm_config.compilation_config.static_forward_context.values()
-        if hasattr(layer, "kv_cache")
-    ]
-    snap["kv_block_zeroer"] = _zeroer(runner, storages, kv_list + _flat(layer_views))
+    snap["layers"], layer_views = layer_bindings(runner, storages)
+    snap["kv_block_zeroer"] = _zeroer(runner, storages, kv_list + layer_views)
     snap["mamba_bufs"] = _present(getattr(runner, "_mamba_bufs", None))
     snap["mamba_state_copy_funcs"] = _present(getattr(runner, "_mamba_state_copy_funcs", None))
     snap["process_globals"] = _process_globals()
@@ -405,6 +418,11 @@ DELIBERATE_DIFFERENCES = {
         "into the freed KV cache (or, by allocator reuse, into whatever lies there next); "
         "the pipelined runner drops it with the KV phase, and each real KV phase builds "
         "a new one"
+    ),
+    "fast_prefill": (
+        "Model Runner V2: after a KV teardown stock keeps its FastPrefillHelper, holding the "
+        "CUDA-graph manager the teardown dropped; the pipelined runner drops it with the KV "
+        "phase, and the next KV phase builds a new one"
     ),
 }
 

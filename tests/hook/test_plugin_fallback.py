@@ -97,22 +97,8 @@ def _hisparse_with_v1_asked(monkeypatch: pytest.MonkeyPatch, config: Any) -> Non
 
 
 @pytest.mark.parametrize(
-    ("make_it_v2", "why"),
-    [
-        (
-            _v2_env,
-            "VLLM_USE_V2_MODEL_RUNNER=1 selects Model Runner V2; the initpipe catalog "
-            "covers the v1 model runner only: unset it (or set VLLM_USE_V2_MODEL_RUNNER=0)",
-        ),
-        (_v2_default, "Model Runner V2 is vLLM's default here (Triton is available"),
-        (_watermarking, "watermarking (watermark_config) requires Model Runner V2"),
-        (
-            _hisparse,
-            "HiSparse (attention_config.hisparse_config, or a HiSparseConnector) "
-            "requires Model Runner V2",
-        ),
-        (_hisparse_with_v1_asked, "HiSparse (attention_config.hisparse_config"),
-    ],
+    "make_it_v2",
+    [_v2_env, _v2_default, _watermarking, _hisparse, _hisparse_with_v1_asked],
     ids=[
         "VLLM_USE_V2_MODEL_RUNNER=1",
         "default-with-triton",
@@ -121,14 +107,15 @@ def _hisparse_with_v1_asked(monkeypatch: pytest.MonkeyPatch, config: Any) -> Non
         "hisparse-and-VLLM_USE_V2_MODEL_RUNNER=0",
     ],
 )
-def test_model_runner_v2_keeps_the_stock_worker_with_one_warning(
+def test_model_runner_v2_becomes_the_pipelined_worker_on_its_own_catalog(
     platform_cls: type,
     config: Any,
     monkeypatch: pytest.MonkeyPatch,
     initpipe_lines: Lines,
     make_it_v2: Callable[[pytest.MonkeyPatch, Any], None],
-    why: str,
 ) -> None:
+    """Whatever makes vLLM choose MRv2, the pipelined worker takes it (the MRv2 catalog);
+    the one info line says which catalog."""
     make_it_v2(monkeypatch, config)
     # vLLM itself decides on V2 here (or, asked for v1 with HiSparse, refuses the config)
     if make_it_v2 is _hisparse_with_v1_asked:
@@ -136,10 +123,19 @@ def test_model_runner_v2_keeps_the_stock_worker_with_one_warning(
             config.use_v2_model_runner  # noqa: B018
     else:
         assert config.use_v2_model_runner
-    assert resolve(platform_cls, config, monkeypatch) == STOCK
-    (warning,) = initpipe_lines(logging.WARNING)
-    assert warning.startswith(KEPT) and why in warning
-    assert initpipe_lines(logging.INFO) == []
+    assert resolve(platform_cls, config, monkeypatch) == PIPELINED_WORKER
+    assert initpipe_lines(logging.WARNING) == []
+    (info,) = initpipe_lines(logging.INFO)
+    assert "initpipe pipeline" in info and "the Model Runner V2 catalog" in info
+
+
+def test_the_v1_runner_line_names_the_v1_catalog(
+    platform_cls: type, config: Any, monkeypatch: pytest.MonkeyPatch, initpipe_lines: Lines
+) -> None:
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    assert resolve(platform_cls, config, monkeypatch) == PIPELINED_WORKER
+    (info,) = initpipe_lines(logging.INFO)
+    assert "the v1 runner catalog" in info
 
 
 def test_another_vllm_release_keeps_the_stock_worker_with_one_warning(

@@ -71,30 +71,37 @@ def test_the_cpu_default_can_run_pipelined(hook_worker: Any, tiny_config: Any) -
     assert hook_worker.why_not_pipelined(tiny_config, CPU_STOCK) is None
 
 
+def encoder_only(monkeypatch: pytest.MonkeyPatch, config: Any) -> None:
+    """Simulated: an encoder-only (disaggregated multimodal encoder) config."""
+    monkeypatch.setattr(type(config), "is_mm_encoder_only", property(lambda self: True))
+
+
 def test_each_refusal_names_its_reason(
     hook_worker: Any, tiny_config: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert hook_worker.why_not_pipelined(tiny_config, "x.OtherWorker").reason == "platform"
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
-    assert hook_worker.why_not_pipelined(tiny_config, CPU_STOCK).reason == "model-runner-v2"
+    assert hook_worker.why_not_pipelined(tiny_config, CPU_STOCK) is None  # MRv2 is covered
+    encoder_only(monkeypatch, tiny_config)
+    simulate(monkeypatch, cpu=False, xpu=False, cuda=True)
+    refusal = hook_worker.why_not_pipelined(tiny_config, "vllm.v1.worker.gpu_worker.Worker")
+    assert refusal.reason == "model-runner-v2"
+    assert "MMEncoderModelRunner" in refusal.message
     monkeypatch.setattr(hook_worker, "SUPPORTED_VLLM", "0.31.0")  # the first reason wins
     assert hook_worker.why_not_pipelined(tiny_config, "x.OtherWorker").reason == "vllm-version"
 
 
-def test_an_explicit_cpu_worker_refuses_model_runner_v2_before_building_a_runner(
+def test_model_runner_v2_on_cpu_is_covered_even_encoder_only(
     hook_worker: Any, tiny_config: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    worker = hook_worker.PipelinedCPUWorker(
-        vllm_config=tiny_config, local_rank=0, rank=0, distributed_init_method="env://"
-    )
+    """vLLM's CPU worker builds MRv2's ``CPUModelRunner`` for encoder-only configs too."""
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
-    with pytest.raises(
-        UnsupportedRunnerError,
-        match=r"VLLM_USE_V2_MODEL_RUNNER=1 selects Model Runner V2; .* covers the v1 model "
-        r"runner only: unset it .* vLLM's stock worker \(worker_cls='auto'\) runs this config",
-    ):
-        worker.init_device()
-    assert getattr(worker, "model_runner", None) is None
+    encoder_only(monkeypatch, tiny_config)
+    assert tiny_config.use_v2_model_runner and tiny_config.is_mm_encoder_only
+    assert hook_worker.why_not_pipelined(tiny_config, CPU_STOCK) is None
+    assert hook_worker.runner_version(tiny_config) == "v2"
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    assert hook_worker.runner_version(tiny_config) == "v1"
 
 
 @pytest.mark.parametrize(("variant", "platform"), [("GPU", "cuda"), ("XPU", "xpu")])
@@ -105,12 +112,18 @@ def test_explicit_gpu_and_xpu_workers_refuse_before_the_stock_worker_starts(
     variant: str,
     platform: str,
 ) -> None:
-    """On XPU, ``XPUWorker.__init__`` would fail its own device assertion first if the
-    refusal did not come before it."""
+    """The one MRv2 variant no catalog covers, ``MMEncoderModelRunner``, is refused by name.
+    On XPU, ``XPUWorker.__init__`` would fail its own device assertion first if the refusal
+    did not come before it."""
     cls = getattr(hook_worker, f"Pipelined{variant}Worker")  # built before the simulation
     simulate(monkeypatch, cpu=False, xpu=platform == "xpu", cuda=platform == "cuda")
     monkeypatch.setattr("vllm.config.vllm.HAS_TRITON", True)  # simulated: V2 by default
-    with pytest.raises(UnsupportedRunnerError, match="Model Runner V2 is vLLM's default here"):
+    encoder_only(monkeypatch, tiny_config)
+    with pytest.raises(
+        UnsupportedRunnerError,
+        match=r"Model Runner V2 is vLLM's default here .* vLLM builds MMEncoderModelRunner; "
+        r"initpipe has no catalog of MMEncoderModelRunner.* vLLM's stock worker",
+    ):
         cls(tiny_config, 0, 0, "env://")
 
 
@@ -118,7 +131,7 @@ def test_on_xpu_the_pipelined_worker_is_the_xpu_workers_subclass(
     hook_worker: Any, tiny_config: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from vllm.utils.import_utils import resolve_obj_by_qualname
-    from vllm.v1.worker.xpu_model_runner import XPUModelRunner
+    from vllm.v1.worker.xpu_model_runner import XPUModelRunner, XPUModelRunnerV2
     from vllm.v1.worker.xpu_worker import XPUWorker
 
     import initpipe_vllm.worker as worker_mod
@@ -136,9 +149,12 @@ def test_on_xpu_the_pipelined_worker_is_the_xpu_workers_subclass(
         return lambda vllm_config, device: ("built", vllm_config, device)
 
     monkeypatch.setattr(hook_worker, "pipelined_runner_class", record)
-    worker = SimpleNamespace(vllm_config=tiny_config, device="xpu:0")
+    monkeypatch.setattr(hook_worker, "pipelined_runner_v2_class", record)
+    worker = SimpleNamespace(vllm_config=tiny_config, device="xpu:0", use_v2_model_runner=False)
     assert cls._make_model_runner(worker) == ("built", tiny_config, "xpu:0")
-    assert bases == [XPUModelRunner]
+    worker.use_v2_model_runner = True  # MRv2: the pipelined XPUModelRunnerV2
+    assert cls._make_model_runner(worker) == ("built", tiny_config, "xpu:0")
+    assert bases == [XPUModelRunner, XPUModelRunnerV2]
 
 
 def test_on_cuda_the_pipelined_worker_is_the_gpu_workers_subclass(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 import initpipe_vllm.worker as worker_mod
-from initpipe_vllm.errors import UnsupportedRunnerError
 
 
 def test_pipelined_worker_is_the_cpu_variant_on_cpu() -> None:
@@ -44,12 +43,6 @@ def test_vllm_resolves_the_worker_by_qualname() -> None:
         resolve_obj_by_qualname("initpipe_vllm.worker.PipelinedWorker")
         is worker_mod.PipelinedCPUWorker
     )
-
-
-def test_model_runner_v2_is_refused_before_any_device_work() -> None:
-    with pytest.raises(UnsupportedRunnerError, match="VLLM_USE_V2_MODEL_RUNNER=0"):
-        worker_mod.refuse_model_runner_v2(True)
-    worker_mod.refuse_model_runner_v2(False)
 
 
 def test_unknown_attribute() -> None:
