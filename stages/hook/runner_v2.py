@@ -227,6 +227,8 @@ class PipelinedRunnerV2Mixin:
         self.initpipe_pipeline = pipeline
         self.initpipe_trace = Trace(max_records=TRACE_MAX_RECORDS)
         self._initpipe_lock = threading.RLock()
+        # Whether the speculator registered with EPLB, once this runner loaded its weights.
+        self._initpipe_weights: bool | None = None
         self.initpipe_run = self._initpipe_start()
 
     # shared with the v1 mixin in spirit: rank, start, failure report ---------------------
@@ -259,7 +261,12 @@ class PipelinedRunnerV2Mixin:
         model: Any = None,
         **kwargs: Any,
     ) -> None:
-        """Load and measure the weights as stock does, then run the model phase."""
+        """Load and measure the weights as stock does, then run the model phase.
+
+        After a model phase that failed, a second call is its retry: the weights this
+        runner already loaded are kept (loading them again would register every layer in
+        the forward context twice, which vLLM refuses) and only the model phase runs again.
+        """
         with self._initpipe_lock:
             run = self.initpipe_run
             if run.state == "loaded":
@@ -270,7 +277,10 @@ class PipelinedRunnerV2Mixin:
                     )
                 run.close()
                 self.initpipe_run = run = self._initpipe_start()
-            eplb_models_added = self._initpipe_load_weights(load_dummy_weights, model)
+                self._initpipe_weights = None
+            if self._initpipe_weights is None:
+                self._initpipe_weights = self._initpipe_load_weights(load_dummy_weights, model)
+            eplb_models_added = self._initpipe_weights
             try:
                 outputs = run.load(
                     model=self.model,  # type: ignore[attr-defined]

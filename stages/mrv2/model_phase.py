@@ -309,30 +309,29 @@ def intermediate_tensors(
 def offloader_post_init() -> str:
     """``get_offloader().post_init()`` (a process global set by the runner's ``__init__``).
 
-    Returns the offloader's class name. Refused on an offloader already post-initialized
-    in this process (a retry would start its prefetching twice).
+    Returns the offloader's class name. An offloader whose ``post_init`` does work (it
+    overrides vLLM's no-op ``BaseOffloader.post_init``: finalizes parameter storage, starts
+    prefetching) is refused a second call in this process — a retry of the phase would do
+    that work twice; the no-op offloader runs again freely.
 
     Raises:
-        ModelPhaseError: the offloader was post-initialized already.
+        ModelPhaseError: a working offloader was post-initialized already.
     """
     from vllm.model_executor.offloader import get_offloader
+    from vllm.model_executor.offloader.base import BaseOffloader
 
     offloader = get_offloader()
-    try:
-        done = offloader in _OFFLOADERS_POST_INITED
-    except TypeError:  # not weak-referenceable: vLLM's no-op offloader is
-        done = False
-    if done:
+    works = type(offloader).post_init is not BaseOffloader.post_init
+    if works and offloader in _OFFLOADERS_POST_INITED:
         msg = (
             f"offloader_post_init: the process's {type(offloader).__name__} was "
-            "post-initialized by an earlier model phase; restart the worker."
+            "post-initialized by an earlier model phase; doing it again would repeat its "
+            "work. Restart the worker."
         )
         raise ModelPhaseError(msg)
     offloader.post_init()
-    try:
+    if works:
         _OFFLOADERS_POST_INITED.add(offloader)
-    except TypeError:
-        pass
     return type(offloader).__name__
 
 

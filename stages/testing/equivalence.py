@@ -517,13 +517,19 @@ def compare_model(
         ``equal`` (no difference between stock and pipelined), ``diffs``, ``problems``
         (why the workload could not see the KV cache; see :func:`workload_problems`),
         ``prefix_caching`` (vLLM's setting, the repeated prefix's cached tokens, what vLLM
-        logged about it), ``meta``, and both engines' full results.
+        logged about it), ``meta``, and both engines' full results. Where stock's engine
+        fails, only ``equal``, ``diffs``, ``problems`` and ``refused`` (``{"stock": ...,
+        "pipelined": ...}``, each ``Type: message`` or None) are returned: equal means the
+        pipelined engine failed with stock's own error.
     """
     from .snapshot import stock_differences
 
     with loadable_model(model_dir, weights=weights, weights_dir=weights_dir) as (folder, extra):
         extra.update(overrides)
-        stock = run_engine(folder, pipelined=False, reinit=reinit, **extra)
+        try:
+            stock = run_engine(folder, pipelined=False, reinit=reinit, **extra)
+        except Exception as stock_err:  # stock refuses this config: does the pipeline too?
+            return _refused_by_stock(model_dir, weights, stock_err, folder, reinit, extra)
         piped = run_engine(folder, pipelined=True, reinit=reinit, **extra)
     meta = {"stock": stock.pop("meta"), "pipelined": piped.pop("meta")}
     # Stock's zeroer predates the teardowns at these checkpoints (the deliberate difference)
@@ -560,6 +566,44 @@ def compare_model(
         "meta": meta,
         "stock": stock,
         "pipelined": piped,
+    }
+
+
+def _error_text(err: BaseException) -> str:
+    """``Type: message`` of the innermost cause (a pipelined failure wraps stock's error
+    in a ``StageError``, whose ``__cause__`` is that error)."""
+    while err.__cause__ is not None:
+        err = err.__cause__
+    return f"{type(err).__name__}: {err}"
+
+
+def _refused_by_stock(
+    model_dir: str | Path,
+    weights: str,
+    stock_err: BaseException,
+    folder: Path,
+    reinit: bool,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    """The report for a config stock vLLM fails on: the pipelined engine must fail with the
+    same error (type and message) — then ``equal`` holds, with ``refused`` naming it."""
+    stock_text = _error_text(stock_err)
+    try:
+        run_engine(folder, pipelined=True, reinit=reinit, **extra)
+    except Exception as piped_err:
+        piped_text = _error_text(piped_err)
+    else:
+        piped_text = None
+    same = piped_text == stock_text
+    return {
+        "model": str(model_dir),
+        "weights": weights,
+        "equal": same,
+        "refused": {"stock": stock_text, "pipelined": piped_text},
+        "diffs": []
+        if same
+        else [f"/refused: stock failed ({stock_text}), pipelined: {piped_text}"],
+        "problems": [],
     }
 
 
@@ -662,7 +706,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {line}", flush=True)
     if args.json:
         write_file(args.json, json.dumps(reports, default=repr, indent=1))
-    return 0 if all(r["equal"] and not r["problems"] for r in reports) else 1
+    ok = all(r["equal"] and not r["problems"] and "refused" not in r for r in reports)
+    return 0 if ok else 1
 
 
 def _select_runner(version: str) -> None:
@@ -685,6 +730,10 @@ def _select_runner(version: str) -> None:
 def _status(rep: dict[str, Any]) -> str:
     if "error" in rep:
         return "ERROR " + rep["error"]
+    if "refused" in rep:
+        ref = rep["refused"]
+        same = "the pipelined engine fails the same way" if rep["equal"] else "DIFFERENTLY"
+        return f"REFUSED BY STOCK ({ref['stock']}); {same}"
     if not rep["equal"]:
         return f"DIFFERENT ({len(rep['diffs'])})"
     pc = rep["prefix_caching"]

@@ -1,0 +1,124 @@
+"""Model Runner V2: stock vs pipelined engines on every embedded model, compared exactly.
+
+MRv2 runs here through Triton's interpreter (``initpipe_vllm.testing.triton_cpu``), which
+must be set up before vLLM is imported: each run is ONE subprocess of the equivalence
+harness with ``--model-runner v2`` (it sets the interpreter up itself, and its spawned
+engine cores and workers get it through the ``sitecustomize`` on ``PYTHONPATH``). For
+every model the harness starts stock MRv2 and pipelined MRv2 on seeded real weights, runs
+the KV-sensitive, prefix-cache workload, re-initializes the KV cache as vLLM's profiling
+does (stock's ``_teardown_profiling_state`` vs the pipeline's teardown, a minimal profiling
+cache, the real one again), and compares tokens, logprobs and MRv2 runner snapshots at every
+step. Interpreted kernels are slow: the workloads are the harness's short ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from initpipe_vllm.testing import MODELS
+
+#: Every embedded model MRv2 runs: stock and pipelined must be identical.
+EQUAL = [
+    "tiny-llama",
+    "tiny-gemma2",
+    "tiny-bert",
+    "tiny-gemma4-kvshare",
+    "tiny-gemma4-fastprefill",
+    "tiny-llama-connector",
+    "tiny-deepseek-mla",
+    "tiny-nemotron-h",
+    "tiny-lfm2",
+    "tiny-gpt-oss",
+]
+#: Embedded models stock MRv2 itself fails on here, with the words of its error: the
+#: pipelined engine must fail with exactly stock's error. Jamba's Mamba1 mixer calls a
+#: CUDA-only custom op through the interpreter-less path (vLLM's, not initpipe's).
+REFUSED_BY_STOCK = {
+    "tiny-jamba": "AttributeError: '_OpNamespace' '_C' object has no attribute "
+    "'selective_scan_fwd'",
+}
+PREFIX_CACHING_OFF = ("tiny-bert", "tiny-deepseek-mla")
+V2 = ("--model-runner", "v2")
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory, harness) -> dict[str, dict]:
+    models = EQUAL + list(REFUSED_BY_STOCK)
+    found = harness(tmp_path_factory.mktemp("mrv2"), models, *V2)
+    return {Path(rep["model"]).name: rep for rep in found}
+
+
+def _check_equal(rep: dict, world: int = 1) -> dict:
+    assert "error" not in rep, rep.get("error")
+    assert rep["diffs"] == []
+    assert rep["equal"] and rep["problems"] == []
+    assert rep["model_runner"] == "v2"
+    meta = rep["meta"]
+    assert meta["stock"]["runner_classes"] == ["CPUModelRunner"] * world
+    assert meta["pipelined"]["runner_classes"] == ["PipelinedCPUModelRunnerV2"] * world
+    assert meta["stock"]["runner_version"] == meta["pipelined"]["runner_version"] == "v2"
+    # init (1) + cleanup/profiling (2) + real (3): the pipelined KV phase ran three times.
+    assert meta["pipelined"]["kv_generation"] == 3
+    return rep["stock"]
+
+
+def test_every_embedded_model_is_equal_or_pinned() -> None:
+    embedded = {p.name for p in MODELS.iterdir() if (p / "config.json").exists()}
+    assert embedded == set(EQUAL) | set(REFUSED_BY_STOCK)
+
+
+@pytest.mark.parametrize("model", EQUAL)
+def test_stock_and_pipelined_mrv2_engines_are_identical(reports, model) -> None:
+    stock = _check_equal(reports[model])
+    init, after = stock["init"], stock["after_a"]
+    assert init["runner_base_class"] == "CPUModelRunner"
+    assert init["block_tables"] is not None and init["model_state"]["class"]
+    if model != "tiny-bert":  # decoder KV blocks were written by the workload
+        assert any(after["nonzero_blocks"])
+        assert stock["reinitialized"]["nonzero_blocks"] == [[] for _ in after["nonzero_blocks"]]
+        assert (
+            stock["profiling"]["kv_cache_config"]["num_blocks"]
+            < after["kv_cache_config"]["num_blocks"]
+        )  # the minimal profiling cache
+    cached = reports[model]["prefix_caching"]["num_cached_tokens"]
+    if model in PREFIX_CACHING_OFF:
+        assert cached == [0, 0]
+    else:
+        assert all(n > 0 for n in cached)
+
+
+def test_the_teardown_leaves_what_stocks_teardown_leaves(reports) -> None:
+    """After the profiling teardown: no KV cache config, no attention groups, no bound
+    views, no CUDA-graph manager, as stock's ``_teardown_profiling_state`` leaves it."""
+    for model in EQUAL:
+        cleaned = reports[model]["pipelined"]["cleaned"]
+        assert cleaned["kv_cache_config"] is None and cleaned["attn_groups"] == []
+        assert cleaned["runner_kv_caches"] == []
+        assert cleaned["cudagraphs"]["manager"] == {"class": None}
+        assert all(v["kv_cache"]["shape"] == [0] for v in cleaned["layers"].values())
+
+
+@pytest.mark.parametrize("model", sorted(REFUSED_BY_STOCK))
+def test_where_stock_mrv2_fails_the_pipelined_engine_fails_the_same_way(reports, model):
+    rep = reports[model]
+    assert rep["refused"] == {
+        "stock": REFUSED_BY_STOCK[model],
+        "pipelined": REFUSED_BY_STOCK[model],
+    }
+    assert rep["equal"] and rep["diffs"] == []
+
+
+@pytest.mark.parametrize(
+    ("flags", "world"),
+    [(("--multiprocess",), 1), (("--tensor-parallel-size", "2"), 2)],
+    ids=["engine-core-in-its-own-process", "tp2-multiprocess-executor"],
+)
+def test_mrv2_other_placements_are_identical(tmp_path, harness, flags, world) -> None:
+    """The engine core in its own process, and TP=2 through vLLM's multiprocess executor
+    (each rank compared with its stock peer): the spawned processes build MRv2 too."""
+    (rep,) = harness(tmp_path, ["tiny-llama"], *V2, *flags)
+    stock = _check_equal(rep, world)
+    if world > 1:
+        assert set(stock["init"]) == {"rank0", "rank1"}
