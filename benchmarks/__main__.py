@@ -31,6 +31,7 @@ BENCHES = {
     "soak": "KV re-init soak: leaks and RSS growth",
     "resize": "Live KV resize vs an engine restart; memory a shrink or release returns",
     "serve": "KV resize over HTTP vs a server restart",
+    "mrv2": "Model Runner V2: engine start and KV re-init vs stock MRv2",
 }
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -34,7 +34,9 @@ SIDES = ("stock", "initpipe")
 LAST_SAMPLES: dict[str, dict[str, list[float]]] | None = None
 
 
-def start_once(pipelined: bool, model: str | None = None) -> dict[str, Any]:
+def start_once(
+    pipelined: bool, model: str | None = None, model_runner: str | None = None
+) -> dict[str, Any]:
     """Start one engine in a fresh child process; its timing line plus ``wall_s``."""
     from ._engine_child import MARK
 
@@ -46,6 +48,7 @@ def start_once(pipelined: bool, model: str | None = None) -> dict[str, Any]:
     argv = [sys.executable, "-m", "benchmarks._engine_child"]
     argv += ["--pipelined"] if pipelined else []
     argv += ["--model", model] if model else []
+    argv += ["--model-runner", model_runner] if model_runner else []
     t0 = time.perf_counter()
     res = subprocess.run(
         argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False

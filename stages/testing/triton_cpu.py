@@ -36,8 +36,16 @@ __all__ = ["SITE_DIR", "enable_in_process", "environ", "register_cpu_backend"]
 #: The folder put first on ``PYTHONPATH``: it holds only ``sitecustomize.py``.
 SITE_DIR = Path(__file__).with_name("triton_cpu_site")
 
-#: What every MRv2-on-CPU process needs in its environment.
-_SETTINGS = {"TRITON_INTERPRET": "1", "VLLM_USE_V2_MODEL_RUNNER": "1"}
+#: What every MRv2-on-CPU process needs in its environment. The ``"cpu"`` entry would also
+#: make torch's inductor believe a Triton CPU compiler exists (``torch.utils._triton``
+#: checks for that key) and ask the entry's driver for a target it cannot give (seen with
+#: TP=2, where vLLM compiles a helper): inductor's Triton device detection is switched off,
+#: so it generates C++ for CPU, as in any v1 process.
+_SETTINGS = {
+    "TRITON_INTERPRET": "1",
+    "VLLM_USE_V2_MODEL_RUNNER": "1",
+    "TORCHINDUCTOR_TRITON_DISABLE_DEVICE_DETECTION": "1",
+}
 
 
 class _InterpreterDriver:
@@ -65,8 +73,9 @@ def register_cpu_backend() -> bool:
 def environ(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """A copy of ``base`` (default ``os.environ``) that makes a fresh Python process run MRv2.
 
-    Sets ``TRITON_INTERPRET=1`` and ``VLLM_USE_V2_MODEL_RUNNER=1`` and puts
-    :data:`SITE_DIR` first on ``PYTHONPATH``.
+    Sets ``TRITON_INTERPRET=1``, ``VLLM_USE_V2_MODEL_RUNNER=1`` and
+    ``TORCHINDUCTOR_TRITON_DISABLE_DEVICE_DETECTION=1`` and puts :data:`SITE_DIR` first on
+    ``PYTHONPATH``.
     """
     env = dict(os.environ if base is None else base)
     env.update(_SETTINGS)

@@ -14,7 +14,9 @@ match and the workload saw the KV cache, printing what differs. ``--resize 32,12
 (seeded weights too) resizes the running engine's KV cache to each block count in turn
 after the first generation (:func:`initpipe_vllm.resize_kv_cache`), prints each report and
 generates again, then starts a fresh stock engine of each size and exits 1 unless the
-tokens and logprobs are the same. ``--tensor-parallel-size N`` / ``--pipeline-parallel-size
+tokens and logprobs are the same. ``--model-runner v1|v2`` picks vLLM's runner (default:
+vLLM's choice); ``v2`` on a machine without a GPU runs Model Runner V2 through Triton's
+interpreter (:mod:`initpipe_vllm.testing.triton_cpu`) and says so. ``--tensor-parallel-size N`` / ``--pipeline-parallel-size
 M`` run several workers (vLLM's multiprocess executor; on CPU the thread binding is set
 when unset): their stages run in other processes, so each rank's stages are printed from
 its trace once the engine is up, and ``--compare-stock`` compares every rank.
@@ -50,7 +52,9 @@ def _print_event(event: Any) -> None:
 def _summary(worker: Any) -> dict[str, Any]:
     runner = worker.model_runner
     run = runner.initpipe_run
-    kv = run.outputs["kv_caches"] if "kv_caches" in run.outputs else {}
+    # the per-layer views with aliases: v1's ``kv_caches``, MRv2's ``kv_caches_by_layer``
+    name = next((k for k in ("kv_caches", "kv_caches_by_layer") if k in run.outputs), None)
+    kv = run.outputs[name] if name is not None else {}
     storages: dict[int, str] = {}
     layers = []
     for name, t in kv.items():
@@ -71,6 +75,7 @@ def _summary(worker: Any) -> dict[str, Any]:
         "critical_path": run.critical_path(),
         "layers": layers,
         "runner_class": type(runner).__name__,
+        "catalog": run.pipeline.name,
         "num_blocks": runner.kv_cache_config.num_blocks,
     }
 
@@ -226,6 +231,14 @@ def _parser() -> argparse.ArgumentParser:
         help="pipeline stages (runs without enforce_eager: vLLM's CPU runner needs it)",
     )
     p.add_argument(
+        "--model-runner",
+        choices=("auto", "v1", "v2"),
+        default="auto",
+        help="vLLM's model runner: auto (vLLM decides: Model Runner V2 where Triton "
+        "exists, v1 on CPU), v1, or v2 (on a machine without a GPU through Triton's "
+        "interpreter, a test device: slow)",
+    )
+    p.add_argument(
         "-v",
         "--verbose",
         action="store_true",
@@ -247,6 +260,14 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, flag) < 1:
             print(f"Error: --{flag.replace('_', '-')} must be 1 or more", file=sys.stderr)
             return 2
+    if args.model_runner == "v2" and args.resize:
+        print(
+            "Error: --resize is not available with --model-runner v2 yet: live resize "
+            "covers the v1 runner only",
+            file=sys.stderr,
+        )
+        return 2
+    _select_model_runner(args.model_runner)
     world = args.tensor_parallel_size * args.pipeline_parallel_size
     if world > 1:
         from ..hook.parallel import default_cpu_thread_binding
@@ -273,6 +294,29 @@ def main(argv: list[str] | None = None) -> int:
     except WeightsError as err:  # an architecture transformers cannot build
         print(f"Error: --compare-stock: {err}", file=sys.stderr)
         return 1
+
+
+def _select_model_runner(choice: str) -> None:
+    """Make vLLM build ``choice``'s runner in this process and the ones it spawns.
+
+    ``v2`` on a machine without a GPU (``VLLM_TARGET_DEVICE=cpu``) switches Triton's
+    interpreter on (:mod:`initpipe_vllm.testing.triton_cpu`) and says so.
+    """
+    if choice == "auto":
+        return
+    if choice == "v1":
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        return
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+    if os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
+        from ..testing.triton_cpu import enable_in_process
+
+        enable_in_process()
+        print(
+            "Model Runner V2 on a CPU: Triton's interpreter runs its kernels "
+            "(initpipe_vllm.testing.triton_cpu, a test device; generation is slow)",
+            flush=True,
+        )
 
 
 def _run(args: argparse.Namespace, model: Path, extra: dict[str, Any]) -> int:
@@ -307,6 +351,7 @@ def _run(args: argparse.Namespace, model: Path, extra: dict[str, Any]) -> int:
         del llm
         gc.collect()
     _print_outputs(task, piped["outputs"])
+    _say(f"\nrunner: {summary['runner_class']} (catalog {summary['catalog']})")
     if len(summaries) > 1:
         _say(f"\n(summary of rank 0 of {len(summaries)})")
     _print_summary(summary)

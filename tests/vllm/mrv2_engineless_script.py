@@ -226,34 +226,33 @@ def fault_checks(model: str) -> dict[str, Any]:
                 rec["retry_vs_clean"] = diff_snapshots(clean, runner_snapshot(runner))
                 _teardown(cfg, runner)
                 results["kv"].append(rec)
+        # Model-stage faults: the model phase again on the loaded weights (a fresh run,
+        # the runner's model-phase attributes reset to what __init__ leaves), so each case
+        # costs the phase alone, not a weight load.
         for name in catalog.phase_order(MODEL):
             for after in (False, True):
-                fresh_cfg = tiny_vllm_config(model)  # a model registers its layers in it
-                with set_current_vllm_config(fresh_cfg):
-                    fresh = pipelined_runner_v2_class()(fresh_cfg, runner.device)
-                inject_fault(
-                    fresh.initpipe_run, name, Injected(f"injected into {name}"), after=after
-                )
+                runner.initpipe_run.close()
+                runner.initpipe_run = runner._initpipe_start()
+                for attr in _MODEL_ATTRS:
+                    setattr(runner, attr, None)
+                run = runner.initpipe_run
+                inject_fault(run, name, Injected(f"injected into {name}"), after=after)
                 rec = {"stage": name, "after": after}
                 try:
-                    with set_current_vllm_config(fresh_cfg):
-                        fresh.load_model()
+                    runner.load_model()
                     rec["error"] = None
                 except Exception as err:
                     rec["error"] = _error_facts(err)
                 rec["half_built"] = sorted(
-                    a for a in _MODEL_ATTRS if getattr(fresh, a, None) is not None
+                    a for a in _MODEL_ATTRS if getattr(runner, a, None) is not None
                 )
-                rec["run_state"] = fresh.initpipe_run.state
-                clear_faults(fresh.initpipe_run)
-                with set_current_vllm_config(fresh_cfg):
-                    fresh.load_model()
+                rec["run_state"] = run.state
+                clear_faults(run)
+                runner.load_model()  # the retry: the weights stay, the phase runs again
                 rec["retry_built"] = sorted(
-                    a for a in _MODEL_ATTRS if getattr(fresh, a, None) is not None
+                    a for a in _MODEL_ATTRS if getattr(runner, a, None) is not None
                 )
                 results["model"].append(rec)
-                fresh.initpipe_run.close()
-                del fresh
         runner.shutdown()
     return results
 

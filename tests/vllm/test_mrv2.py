@@ -52,6 +52,7 @@ def reports(tmp_path_factory, harness) -> dict[str, dict]:
 
 def _check_equal(rep: dict, world: int = 1) -> dict:
     assert "error" not in rep, rep.get("error")
+    assert "refused" not in rep, rep.get("refused")
     assert rep["diffs"] == []
     assert rep["equal"] and rep["problems"] == []
     assert rep["model_runner"] == "v2"
@@ -97,7 +98,13 @@ def test_the_teardown_leaves_what_stocks_teardown_leaves(reports) -> None:
         assert cleaned["kv_cache_config"] is None and cleaned["attn_groups"] == []
         assert cleaned["runner_kv_caches"] == []
         assert cleaned["cudagraphs"]["manager"] == {"class": None}
-        assert all(v["kv_cache"]["shape"] == [0] for v in cleaned["layers"].values())
+        assert all(_unbound(v["kv_cache"]) for v in cleaned["layers"].values()), model
+
+
+def _unbound(view) -> bool:
+    """A layer's ``kv_cache`` as the teardown leaves it: an empty tensor (attention) or an
+    empty list (Mamba-like layers hold a list of state tensors)."""
+    return view == [] if isinstance(view, list) else view["shape"] == [0]
 
 
 @pytest.mark.parametrize("model", sorted(REFUSED_BY_STOCK))

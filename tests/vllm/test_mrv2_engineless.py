@@ -32,7 +32,7 @@ def result(script_result) -> dict:
     path = os.pathsep.join(
         p for p in (str(triton_cpu.SITE_DIR), tests, os.environ.get("PYTHONPATH")) if p
     )
-    env = {"TRITON_INTERPRET": "1", "VLLM_USE_V2_MODEL_RUNNER": "1", "PYTHONPATH": path}
+    env = {**triton_cpu.environ({}), "PYTHONPATH": path}
     return script_result(str(SCRIPT), env=env)
 
 
