@@ -588,12 +588,11 @@ def _refused_by_stock(
     """The report for a config stock vLLM fails on: the pipelined engine must fail with the
     same error (type and message) — then ``equal`` holds, with ``refused`` naming it."""
     stock_text = _error_text(stock_err)
+    piped_text: str | None = None
     try:
         run_engine(folder, pipelined=True, reinit=reinit, **extra)
     except Exception as piped_err:
         piped_text = _error_text(piped_err)
-    else:
-        piped_text = None
     same = piped_text == stock_text
     return {
         "model": str(model_dir),

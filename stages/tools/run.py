@@ -16,10 +16,11 @@ after the first generation (:func:`initpipe_vllm.resize_kv_cache`), prints each 
 generates again, then starts a fresh stock engine of each size and exits 1 unless the
 tokens and logprobs are the same. ``--model-runner v1|v2`` picks vLLM's runner (default:
 vLLM's choice); ``v2`` on a machine without a GPU runs Model Runner V2 through Triton's
-interpreter (:mod:`initpipe_vllm.testing.triton_cpu`) and says so. ``--tensor-parallel-size N`` / ``--pipeline-parallel-size
-M`` run several workers (vLLM's multiprocess executor; on CPU the thread binding is set
-when unset): their stages run in other processes, so each rank's stages are printed from
-its trace once the engine is up, and ``--compare-stock`` compares every rank.
+interpreter (:mod:`initpipe_vllm.testing.triton_cpu`) and says so.
+``--tensor-parallel-size N`` / ``--pipeline-parallel-size M`` run several workers
+(vLLM's multiprocess executor; on CPU the thread binding is set when unset): their
+stages run in other processes, so each rank's stages are printed from its trace once the
+engine is up, and ``--compare-stock`` compares every rank.
 Replaces nothing in vLLM.
 """
 
