@@ -102,7 +102,7 @@ def run(smoke: bool = False) -> list[Row]:
             detail=(
                 f"teardown + initialize_kv_cache; initpipe min/med {kp_min * 1e3:.2f}/"
                 f"{kp_med * 1e3:.2f} ms; stock {ks_min * 1e3:.2f}/{ks_med * 1e3:.2f} ms; "
-                f"{pairs} alternated pairs, frozen startup heap"
+                f"{pairs} alternated pairs, frozen startup heap, INITPIPE_LOG_STAGES=0"
             ),
         )
     )

@@ -1,8 +1,10 @@
 """Stable dotted names ``initpipe_vllm.runner.Pipelined<Runner>`` and the runner helpers.
 
-The lazily built runner classes (``PipelinedCPUModelRunner``, ``PipelinedGPUModelRunner``)
-carry this module as their ``__module__``, so pickling and vLLM's qualname lookup resolve
-them here. The code lives in :mod:`initpipe_vllm.hook.runner`.
+The lazily built runner classes (``PipelinedCPUModelRunner``, ``PipelinedGPUModelRunner``,
+and Model Runner V2's ``PipelinedCPUModelRunnerV2``, ``PipelinedGPUModelRunnerV2``,
+``PipelinedXPUModelRunnerV2``) carry this module as their ``__module__``, so pickling and vLLM's qualname lookup resolve
+them here. The code lives in :mod:`initpipe_vllm.hook.runner` and
+:mod:`initpipe_vllm.hook.runner_v2`.
 """
 
 from __future__ import annotations
@@ -36,4 +38,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    return getattr(_impl, name)
+    # The lazily built classes: v1's (hook.runner) and Model Runner V2's (hook.runner_v2).
+    from .hook.runner_v2 import resolve_v2_class
+
+    v2 = resolve_v2_class(name)
+    return v2 if v2 is not None else getattr(_impl, name)

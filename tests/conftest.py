@@ -26,6 +26,7 @@ import pytest
 #: one worker; ``make test`` prints the slowest tests, by which to keep this list in step).
 #: It only orders: every test runs, and the unlisted modules follow in collection order.
 SLOW_FIRST = (
+    "tests/vllm/test_mrv2.py",  # 390 s (Model Runner V2 on Triton's interpreter)
     "tests/vllm/test_engine_equivalence.py",  # 259 s
     "tests/vllm/test_parallel.py",  # 200 s
     "tests/hook/test_hook.py",  # 196 s
@@ -34,6 +35,7 @@ SLOW_FIRST = (
     "tests/benchmarks/test_vllm_smoke.py",  # 137 s
     "tests/vllm/test_resize_multiprocess.py",  # 106 s
     "tests/vllm/test_resize_parallel.py",  # 71 s
+    "tests/vllm/test_mrv2_engineless.py",  # 80 s
     "tests/vllm/test_kv_phase.py",  # 59 s
     "tests/plugin/test_pytest_plugin.py",  # 52 s
     "tests/hook/test_plugin.py",  # 46 s

@@ -389,9 +389,4 @@ def __getattr__(name: str) -> Any:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
         return _pipelined(GPUModelRunner)
-    from .runner_v2 import resolve_v2_class
-
-    v2 = resolve_v2_class(name)
-    if v2 is not None:
-        return v2
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

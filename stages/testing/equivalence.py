@@ -56,6 +56,7 @@ __all__ = [
     "parallel_engine_kwargs",
     "run_requests",
     "run_workload",
+    "runner_snapshot",
     "workload_engine_kwargs",
     "workload_problems",
     "workload_requests",
@@ -197,9 +198,19 @@ def _vllm_log_lines(needle: str) -> Iterator[list[str]]:
 
 # -- functions run inside the worker (collective_rpc passes the worker first) -------------
 def _snapshot(worker: Any) -> dict[str, Any]:
-    from .snapshot import runner_snapshot
-
     return runner_snapshot(worker.model_runner)
+
+
+def runner_snapshot(runner: Any, *, blocks: bool = True) -> dict[str, Any]:
+    """The runner's snapshot: v1's :func:`~.snapshot.runner_snapshot` or Model Runner V2's
+    :func:`~.snapshot_v2.runner_snapshot_v2`, by the runner."""
+    if _is_v2(runner):
+        from .snapshot_v2 import runner_snapshot_v2
+
+        return runner_snapshot_v2(runner, blocks=blocks)
+    from .snapshot import runner_snapshot as v1_snapshot
+
+    return v1_snapshot(runner, blocks=blocks)
 
 
 def _is_v2(runner: Any) -> bool:
@@ -226,7 +237,6 @@ def _reinitialize(worker: Any) -> dict[str, Any]:
     """Cleanup, vLLM's minimal profiling KV cache, cleanup, then the real KV cache again."""
     from ..hook.runner import engine_kv_cache_config
     from ..hook.runner_v2 import engine_kv_cache_config_v2
-    from .snapshot import runner_snapshot
 
     runner = worker.model_runner
     cfg = (engine_kv_cache_config_v2 if _is_v2(runner) else engine_kv_cache_config)(runner)

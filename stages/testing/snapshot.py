@@ -270,17 +270,13 @@ def runner_snapshot(runner: Any, *, blocks: bool = True) -> dict[str, Any]:
     """Turn a runner's initialization state into plain, JSON-able data.
 
     Args:
-        runner: a ``GPUModelRunner`` (stock or pipelined; a Model Runner V2 runner is
-            read by :func:`~initpipe_vllm.testing.snapshot_v2.runner_snapshot_v2`).
+        runner: a v1 ``GPUModelRunner`` (stock or pipelined; Model Runner V2's is read by
+            :func:`~initpipe_vllm.testing.snapshot_v2.runner_snapshot_v2`).
         blocks: include which KV blocks of each runner view hold non-zero data.
 
     Returns:
         A dict; two runners initialized the same way give equal dicts.
     """
-    if not hasattr(runner, "cudagraph_dispatcher"):  # Model Runner V2
-        from .snapshot_v2 import runner_snapshot_v2
-
-        return runner_snapshot_v2(runner, blocks=blocks)
     storages = _Storages()
     cc = runner.vllm_config.compilation_config
     cache = runner.cache_config

@@ -1,7 +1,7 @@
-"""Smoke pass of the vLLM benchmarks (engine, kv, alloc, resize, serve): they run and report
+"""Smoke pass of the vLLM benchmarks (engine, kv, alloc, resize, serve, mrv2): they run and report
 every figure.
 
-Runs ``python -m benchmarks --smoke --only engine kv alloc resize serve`` in a subprocess
+Runs ``python -m benchmarks --smoke --only engine kv alloc resize serve mrv2`` in a subprocess
 (engine starts mutate their process; the benchmarks spawn their own children too) and checks
 the rows exist with positive values. No timing asserts: ratios are benchmark output, not tests.
 """
@@ -37,6 +37,9 @@ EXPECTED = [
     "RSS returned by the release of 64 MiB / freed KV bytes",
     "KV resize over HTTP, tiny model (median)",
     "server restart / KV resize over HTTP (median)",
+    "MRv2 engine start initpipe/stock, LLM() in-process (median)",
+    "MRv2 KV re-init initpipe/stock (median)",
+    "MRv2 first KV phase initpipe/stock (one sample each)",
 ]
 
 
@@ -54,6 +57,7 @@ def test_vllm_benchmarks_run_and_report_every_figure(tmp_path: Path) -> None:
             "alloc",
             "resize",
             "serve",
+            "mrv2",
             "--out",
             str(tmp_path),
         ],

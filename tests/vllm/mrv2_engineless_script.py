@@ -74,7 +74,8 @@ def _plan(cfg: Any, runner: Any) -> Any:
 
 
 def teardown_check(model: str) -> dict[str, Any]:
-    from initpipe_vllm.testing.snapshot import diff_snapshots, runner_snapshot, stock_differences
+    from initpipe_vllm.testing.equivalence import runner_snapshot
+    from initpipe_vllm.testing.snapshot import diff_snapshots, stock_differences
 
     stock_cfg, stock, piped_cfg, piped = _runners(model)
     kv_s, kv_p = _plan(stock_cfg, stock), _plan(piped_cfg, piped)
@@ -189,7 +190,8 @@ def fault_checks(model: str) -> dict[str, Any]:
     from initpipe_vllm.hook.runner_v2 import pipelined_runner_v2_class
     from initpipe_vllm.mrv2 import base_catalog
     from initpipe_vllm.testing import build_runner, tiny_vllm_config
-    from initpipe_vllm.testing.snapshot import diff_snapshots, runner_snapshot
+    from initpipe_vllm.testing.equivalence import runner_snapshot
+    from initpipe_vllm.testing.snapshot import diff_snapshots
 
     catalog = base_catalog()
     cfg = tiny_vllm_config(model)
