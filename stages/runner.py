@@ -2,8 +2,8 @@
 
 The lazily built runner classes (``PipelinedCPUModelRunner``, ``PipelinedGPUModelRunner``,
 and Model Runner V2's ``PipelinedCPUModelRunnerV2``, ``PipelinedGPUModelRunnerV2``,
-``PipelinedXPUModelRunnerV2``) carry this module as their ``__module__``, so pickling and vLLM's qualname lookup resolve
-them here. The code lives in :mod:`initpipe_vllm.hook.runner` and
+``PipelinedXPUModelRunnerV2``) carry this module as their ``__module__``, so pickling and
+vLLM's qualname lookup resolve them here. The code lives in :mod:`initpipe_vllm.hook.runner` and
 :mod:`initpipe_vllm.hook.runner_v2`.
 """
 
