@@ -10,6 +10,12 @@ enabled, with ``INITPIPE_EXTENSIONS=my_alloc,other`` (or ``all``) in the environ
 through the API (``pipeline.with_extensions(["my_alloc"])``, ``apply_extensions``).
 A single stage function replaces the stage of the same name if there is one, else it is
 added. Every change is validated like any stage; a failure names the package.
+
+An :class:`Extension` may name the pipelines it is written for (``applies_to``, pipeline
+names such as ``"initpipe_vllm"`` for vLLM's v1 catalog or ``"initpipe_vllm.mrv2"`` for
+Model Runner V2's): enabled, it then changes only those and leaves any other pipeline as
+it is (a host with several catalogs picks one per worker). Without ``applies_to`` (and for
+a bare stage function) it applies to every pipeline it is enabled on.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ class Extensible(Protocol):
     module sits below the pipeline, which applies extensions from ``with_extensions``."""
 
     @property
+    def name(self) -> str: ...
+    @property
     def specs(self) -> Mapping[str, StageSpec]: ...
     def replace(self, name: str, new: Any, *, package: str | None = None) -> Self: ...
     def add(
@@ -69,12 +77,23 @@ class Extension:
         replace: stage name -> replacement stage (same outputs and phase).
         add: stages to add; place them with their own ``after=``/``before=``.
         package: the distribution that brought it (filled in when loaded from one).
+        applies_to: names of the pipelines it changes (``Pipeline.name``); empty: every
+            pipeline it is enabled on. Any other pipeline is returned unchanged.
     """
 
     name: str
     replace: dict[str, Any] = attrs.field(factory=dict, converter=dict)
     add: tuple[Any, ...] = attrs.field(default=(), converter=tuple)
     package: str | None = None
+    applies_to: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=tuple,
+        validator=attrs.validators.deep_iterable(attrs.validators.instance_of(str)),
+    )
+
+    def applies(self, pipeline_name: str) -> bool:
+        """Whether this extension changes the pipeline called ``pipeline_name``."""
+        return not self.applies_to or pipeline_name in self.applies_to
 
 
 def available() -> dict[str, metadata.EntryPoint]:
@@ -128,13 +147,16 @@ def load_extension(name: str, eps: Mapping[str, metadata.EntryPoint] | None = No
 def apply_extensions(pipeline: P, extensions: Iterable[Extension]) -> P:
     """Return ``pipeline`` with each extension applied in turn.
 
-    A stage in ``add`` whose name already exists replaces that stage.
+    A stage in ``add`` whose name already exists replaces that stage. An extension whose
+    ``applies_to`` does not name ``pipeline`` is skipped.
 
     Raises:
         ExtensionError: a change is invalid; names the extension and package, and chains the
             core error (``.__cause__``; its ``.problems`` when the graph became invalid).
     """
     for ext in extensions:
+        if not ext.applies(pipeline.name):
+            continue
         who = f"extension {ext.name!r}" + (f" from package {ext.package!r}" if ext.package else "")
         try:
             for name, new in ext.replace.items():

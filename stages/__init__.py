@@ -21,7 +21,10 @@ catalog itself — stages and the values they pass — and nothing else:
 Around it, one folder per concern, imports pointing down (catalog <- hook <- resize <-
 serve <- testing <- tools):
 
-- ``hook/`` — the vLLM integration: pipelined runner and worker, plugin, progress;
+- ``mrv2/`` — the Model Runner V2 catalog (vLLM's default runner where Triton exists), a
+  second catalog beside this one, kept out of this package's namespace;
+- ``hook/`` — the vLLM integration: pipelined runners (v1 and MRv2) and worker, plugin,
+  progress;
 - ``testing/`` — the test kit: pytest plugin, ``runner_snapshot``, the stock-vs-pipelined
   equivalence harness, runner builders;
 - ``resize/`` — live resize of a running engine's KV cache (the public

@@ -4,7 +4,9 @@ What belongs here: everything that touches vLLM's runner and worker objects at r
 and nothing that is a stage.
 
 - :mod:`.runner` — ``PipelinedRunnerMixin`` and the one adapter that writes stage outputs
-  onto vLLM's ``GPUModelRunner`` / ``CPUModelRunner``;
+  onto vLLM's v1 ``GPUModelRunner`` / ``CPUModelRunner``;
+- :mod:`.runner_v2` — ``PipelinedRunnerV2Mixin`` and its adapter, for Model Runner V2
+  (the :mod:`initpipe_vllm.mrv2` catalog);
 - :mod:`.worker` — ``PipelinedWorker`` (CPU, CUDA/ROCm and XPU variants), the class vLLM is
   given as ``worker_cls``, and ``why_not_pipelined``, the one decision of whether it can run
   a config;

@@ -8,10 +8,10 @@ current platform's ``check_and_update_config`` (``vllm/platforms/cpu.py``, ``cud
 worker, so that ``"auto"`` becomes ``initpipe_vllm.worker.PipelinedWorker`` — but only
 where the pipelined worker can run (:func:`initpipe_vllm.hook.worker.why_not_pipelined`).
 Where it cannot (another vLLM version, a platform without a pipelined worker, Model Runner
-V2), the stock worker stays and one warning says why, instead of handing vLLM a worker
-that would refuse to start. Without the opt-in nothing changes; a ``worker_cls`` the user
-chose explicitly is left alone (``PipelinedWorker`` chosen explicitly refuses what it
-cannot run, by name).
+V2's ``MMEncoderModelRunner``), the stock worker stays and one warning says why, instead of
+handing vLLM a worker that would refuse to start. Without the opt-in nothing changes; a
+``worker_cls`` the user chose explicitly is left alone (``PipelinedWorker`` chosen explicitly
+refuses what it cannot run, by name).
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ product path calls.
 - :mod:`.builders` — engine-less runners (stock or pipelined) on a tiny local model, and the
   ``KVCacheConfig`` the engine would plan for them;
 - :mod:`.snapshot` — ``runner_snapshot``: a runner's initialization state as plain data,
-  and ``diff_snapshots``;
+  and ``diff_snapshots``; :mod:`.snapshot_v2` — the same for Model Runner V2;
+- :mod:`.triton_cpu` — Model Runner V2 on a CPU through Triton's interpreter (a test
+  device: the ``sitecustomize.py`` in ``triton_cpu_site/``);
 - :mod:`.equivalence` — stock vs pipelined engines on one config: same tokens, logprobs and
   snapshots on a KV-sensitive workload (``python -m initpipe_vllm.testing.equivalence
   --model DIR``);

@@ -69,6 +69,7 @@ def _block_tables(bt: Any) -> Any:
     out = _settings(bt)
     out["slot_mapping_enabled"] = _scalar(list(getattr(bt, "_slot_mapping_enabled", [])))
     out["dcp_sharded"] = bt.dcp_sharded.tolist()
+    out["input_block_tables"] = [list(t.shape) for t in bt.input_block_tables]
     return out
 
 

@@ -145,6 +145,12 @@ class Plan:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     pp_rank: int = 0  # the pipeline stage planned (every TP rank of it is the same)
+    #: the runner planned for: "v1" or "v2" (Model Runner V2: same KV tensors, own tables)
+    model_runner: str = "v1"
+    #: per KV cache group, the block-table width (blocks per request) of that runner
+    block_table_widths: tuple[int, ...] = ()
+    #: with model_runner="v2": v1's widths for the same config, where they differ
+    v1_block_table_widths: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as JSON-ready builtins (tuples become lists)."""
@@ -163,6 +169,11 @@ class Plan:
             f"max_num_seqs {self.max_num_seqs}, max_num_batched_tokens "
             f"{self.max_num_batched_tokens:,})",
             f"cudagraphs   {self.cudagraph_mode}",
+            f"runner       {_RUNNERS[self.model_runner]}; block tables "
+            f"{list(self.block_table_widths)} blocks per request per group"
+            + (
+                f" (v1's: {list(self.v1_block_table_widths)})" if self.v1_block_table_widths else ""
+            ),
             f"groups       {len(self.groups)}",
         ]
         if self.tensor_parallel_size * self.pipeline_parallel_size > 1:
@@ -198,6 +209,9 @@ class Plan:
         )
         out += [f"note: {n}" for n in self.notes]
         return "\n".join(out)
+
+
+_RUNNERS = {"v1": "v1 (GPUModelRunner)", "v2": "Model Runner V2"}
 
 
 # -- the planning pipeline ------------------------------------------------------------------
@@ -238,6 +252,7 @@ def plan(
     tensor_parallel_size: int = 1,
     pipeline_parallel_size: int = 1,
     pp_rank: int = 0,
+    model_runner: str = "v1",
 ) -> Plan:
     """Plan a worker's KV cache for ``model_dir`` on the meta device.
 
@@ -251,6 +266,10 @@ def plan(
             arguments of the same names (``num_blocks`` / ``kv_bytes`` are per worker).
         pp_rank: the pipeline stage to plan (its layers); every tensor-parallel rank of
             a stage allocates the same, so tensor rank 0 stands for them.
+        model_runner: ``"v1"`` or ``"v2"``. Model Runner V2 allocates the same KV tensors
+            (vLLM's ``allocate_kv_cache`` inside its ``init_kv_cache``, the same kernel
+            block sizes and layout): its plan adds MRv2's block-table widths, from the MRv2
+            catalog's ``block_table_geometry`` stage, beside v1's where they differ.
 
     Returns:
         The :class:`Plan`.
@@ -269,6 +288,8 @@ def plan(
         raise ValueError("give exactly one of num_blocks and kv_bytes.")
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is not one of {list(BACKENDS)}.")
+    if model_runner not in _RUNNERS:
+        raise ValueError(f"model_runner {model_runner!r} is not one of {list(_RUNNERS)}.")
     if tensor_parallel_size < 1 or pipeline_parallel_size < 1:
         raise ValueError("tensor_parallel_size and pipeline_parallel_size must be 1 or more.")
     if not 0 <= pp_rank < pipeline_parallel_size:
@@ -335,6 +356,7 @@ def plan(
                 out,
                 current_platform,
             )
+            result = _with_runner(result, model_runner, cfg, out)
             stages = tuple(e.name for e in run.trace.events if e.kind == "stage")
     t_end = time.perf_counter()
     return attrs.evolve(
@@ -348,6 +370,45 @@ def plan(
             "stages": round(t_stages - t_setup, 3),
             "total": round(t_end - t0, 3),
         },
+    )
+
+
+def _with_runner(result: Plan, model_runner: str, cfg: Any, out: Any) -> Plan:
+    """The plan's block-table widths for ``model_runner`` (the KV tensors are the same)."""
+    v1 = tuple(out["input_batch_geometry"].max_num_blocks)
+    if model_runner == "v1":
+        return attrs.evolve(result, block_table_widths=v1)
+    from ..mrv2.kv_phase import block_table_geometry
+    from ..mrv2.types import RunnerV2Settings
+
+    model = cfg.model_config
+    sched = cfg.scheduler_config
+    settings = RunnerV2Settings(
+        max_num_reqs=sched.max_num_seqs,
+        max_num_tokens=sched.max_num_batched_tokens,
+        vocab_size=model.get_vocab_size(),
+        num_speculative_steps=cfg.num_speculative_tokens,
+        is_pooling_model=model.runner_type == "pooling",
+        is_first_pp_rank=True,
+        is_last_pp_rank=True,
+        is_encoder_decoder=model.is_encoder_decoder,
+        supports_mm_inputs=model.supports_multimodal_inputs,
+        dcp_size=cfg.parallel_config.decode_context_parallel_size,
+        dcp_rank=0,
+    )
+    geometry = block_table_geometry(cfg, out["kv_cache_config"], out["max_model_len"], settings)
+    v2 = tuple(geometry.max_num_blocks_per_group)
+    note = (
+        "Model Runner V2 allocates these same KV tensors (vLLM's allocate_kv_cache inside "
+        "init_kv_cache, the same kernel block sizes and layout); its block tables are "
+        + ("as wide as v1's." if v2 == v1 else f"{list(v2)} blocks per request (v1: {list(v1)}).")
+    )
+    return attrs.evolve(
+        result,
+        model_runner="v2",
+        block_table_widths=v2,
+        v1_block_table_widths=() if v2 == v1 else v1,
+        notes=(*result.notes, note),
     )
 
 
@@ -530,6 +591,13 @@ def _parser() -> argparse.ArgumentParser:
         "--backend", choices=BACKENDS, help="attention backend (default: the platform's choice)"
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument(
+        "--model-runner",
+        choices=tuple(_RUNNERS),
+        default="v1",
+        help="the runner planned for: v1 (default) or v2 (Model Runner V2: the same KV "
+        "tensors, its own block-table widths)",
+    )
     p.add_argument("--dtype", help="model dtype (vLLM --dtype)")
     p.add_argument("--kv-cache-dtype", help="KV cache dtype (vLLM --kv-cache-dtype)")
     p.add_argument("--block-size", type=_positive, help="vLLM --block-size")
@@ -591,6 +659,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     tensor_parallel_size=args.tensor_parallel_size,
                     pipeline_parallel_size=args.pipeline_parallel_size,
                     pp_rank=rank,
+                    model_runner=args.model_runner,
                 )
                 for rank in range(args.pipeline_parallel_size)
             ]

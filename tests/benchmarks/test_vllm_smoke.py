@@ -74,6 +74,13 @@ def test_vllm_benchmarks_run_and_report_every_figure(tmp_path: Path) -> None:
     for name in EXPECTED:
         assert name in rows, f"missing figure {name!r}; got {sorted(rows)}"
         assert rows[name]["value"] > 0, rows[name]
-    assert {rows[n]["bench"] for n in EXPECTED} == {"engine", "kv", "alloc", "resize", "serve"}
+    assert {rows[n]["bench"] for n in EXPECTED} == {
+        "engine",
+        "kv",
+        "alloc",
+        "resize",
+        "serve",
+        "mrv2",
+    }
     report = (tmp_path / "BENCHMARKS.md").read_text()
     assert "| kv | KV re-init initpipe/stock (median) |" in report

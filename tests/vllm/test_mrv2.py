@@ -13,11 +13,16 @@ step. Interpreted kernels are slow: the workloads are the harness's short ones.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from initpipe_vllm.testing import MODELS
+from initpipe_vllm.testing import MODELS, model_dir
+from initpipe_vllm.testing.equivalence import MAX_MODEL_LEN, PREFILL_STEP
 
 #: Every embedded model MRv2 runs: stock and pipelined must be identical.
 EQUAL = [
@@ -50,7 +55,7 @@ def reports(tmp_path_factory, harness) -> dict[str, dict]:
     return {Path(rep["model"]).name: rep for rep in found}
 
 
-def _check_equal(rep: dict, world: int = 1) -> dict:
+def _check_equal(rep: dict, world: int = 1, kv_generations: int = 3) -> dict:
     assert "error" not in rep, rep.get("error")
     assert "refused" not in rep, rep.get("refused")
     assert rep["diffs"] == []
@@ -61,7 +66,7 @@ def _check_equal(rep: dict, world: int = 1) -> dict:
     assert meta["pipelined"]["runner_classes"] == ["PipelinedCPUModelRunnerV2"] * world
     assert meta["stock"]["runner_version"] == meta["pipelined"]["runner_version"] == "v2"
     # init (1) + cleanup/profiling (2) + real (3): the pipelined KV phase ran three times.
-    assert meta["pipelined"]["kv_generation"] == 3
+    assert meta["pipelined"]["kv_generation"] == kv_generations
     return rep["stock"]
 
 
@@ -117,15 +122,86 @@ def test_where_stock_mrv2_fails_the_pipelined_engine_fails_the_same_way(reports,
     assert rep["equal"] and rep["diffs"] == []
 
 
-@pytest.mark.parametrize(
-    ("flags", "world"),
-    [(("--multiprocess",), 1), (("--tensor-parallel-size", "2"), 2)],
-    ids=["engine-core-in-its-own-process", "tp2-multiprocess-executor"],
-)
-def test_mrv2_other_placements_are_identical(tmp_path, harness, flags, world) -> None:
-    """The engine core in its own process, and TP=2 through vLLM's multiprocess executor
-    (each rank compared with its stock peer): the spawned processes build MRv2 too."""
-    (rep,) = harness(tmp_path, ["tiny-llama"], *V2, *flags)
-    stock = _check_equal(rep, world)
-    if world > 1:
-        assert set(stock["init"]) == {"rank0", "rank1"}
+def test_mrv2_with_the_engine_core_and_two_workers_in_their_own_processes(
+    tmp_path, harness
+) -> None:
+    """Both other placements at once: the engine core in its own process and TP=2 through
+    vLLM's multiprocess executor (each rank compared with its stock peer). Every spawned
+    process builds MRv2 too (the test device's ``sitecustomize``). Without the re-init pass
+    (the in-process run above covers it): interpreted kernels in four processes are slow."""
+    (rep,) = harness(
+        tmp_path,
+        ["tiny-llama"],
+        *V2,
+        "--multiprocess",
+        "--tensor-parallel-size",
+        "2",
+        "--no-reinit",
+    )
+    stock = _check_equal(rep, world=2, kv_generations=1)
+    assert set(stock["init"]) == {"rank0", "rank1"}
+    assert all(n > 0 for n in rep["prefix_caching"]["num_cached_tokens"])
+
+
+def _plan(model: str, num_blocks: int, *flags: str) -> dict:
+    cmd = [sys.executable, "-m", "initpipe_vllm.tools.plan", "--model", str(model_dir(model))]
+    cmd += ["--num-blocks", str(num_blocks), "--max-model-len", str(MAX_MODEL_LEN)]
+    cmd += ["--max-num-seqs", "4", "--max-num-batched-tokens", str(PREFILL_STEP)]
+    cmd += ["--dtype", "float32", "--json", *flags]
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def _views(items) -> list:
+    return sorted((v["shape"], v["stride"], v["dtype"]) for v in items)
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-gemma2", "tiny-gemma4-kvshare"])
+def test_an_mrv2_plan_is_what_stock_mrv2_allocates(reports, model) -> None:
+    """``initpipe plan --model-runner v2`` (meta device, no MRv2 run) against stock MRv2's
+    runner at init (the harness's engine): the same KV views (shape, stride, dtype; KV
+    sharing aliases included), kernel block sizes and block-table widths."""
+    stock = reports[model]["stock"]["init"]
+    num_blocks = stock["kv_cache_config"]["num_blocks"]
+    plan = _plan(model, num_blocks, "--model-runner", "v2")
+    assert plan["model_runner"] == "v2" and plan["num_blocks"] == num_blocks
+    assert plan["kernel_block_sizes"] == stock["kernel_block_sizes"]
+    planned = [
+        {"shape": lp["shape"], "stride": lp["stride"], "dtype": lp["dtype"]}
+        for lp in plan["layers"]
+    ]
+    assert _views(planned) == _views(stock["runner_kv_caches"])
+    widths = [shape[1] for shape in stock["block_tables"]["input_block_tables"]]
+    assert plan["block_table_widths"] == widths
+    assert any("Model Runner V2 allocates these same KV tensors" in n for n in plan["notes"])
+
+
+def test_initpipe_run_model_runner_v2_compares_with_stock_and_traces(tmp_path, capsys) -> None:
+    """``initpipe run --model-runner v2 --compare-stock --trace``: it says it uses Triton's
+    interpreter, runs the MRv2 catalog, matches stock MRv2; the trace overlays the MRv2
+    graph. ``--resize`` with v2 is a usage error (resize covers v1 only)."""
+    from initpipe.cli import main
+
+    trace = tmp_path / "mrv2.json"
+    cmd = [sys.executable, "-m", "initpipe.cli", "run", "--model-runner", "v2"]
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
+    proc = subprocess.run(
+        [*cmd, "--compare-stock", "--trace", str(trace)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Model Runner V2 on a CPU: Triton's interpreter runs its kernels" in proc.stdout
+    assert "runner: PipelinedCPUModelRunnerV2 (catalog initpipe_vllm.mrv2)" in proc.stdout
+    assert "SAME as stock vLLM" in proc.stdout
+    assert main(["graph", "initpipe_vllm.mrv2:pipeline", "--trace", str(trace)]) == 0
+    assert "kv_caches_by_layer" in capsys.readouterr().out
+    bad = subprocess.run(
+        [*cmd, "--resize", "8"], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert bad.returncode == 2 and "--resize is not available with --model-runner v2" in bad.stderr

@@ -51,4 +51,9 @@ def accounted_allocation(
     return views
 
 
-EXTENSION = Extension(name="example_alloc", replace={"allocated_kv_caches": accounted_allocation})
+EXTENSION = Extension(
+    name="example_alloc",
+    replace={"allocated_kv_caches": accounted_allocation},
+    # a v1 catalog stage: Model Runner V2's catalog (initpipe_vllm.mrv2) is left alone
+    applies_to=("initpipe_vllm",),
+)
