@@ -12,6 +12,7 @@ def test_plan_help_is_the_plan_tools_own(capsys):
     assert main(["plan", "--help"]) == 0
     out = capsys.readouterr().out
     assert "usage: initpipe plan" in out and "--num-blocks" in out
+    assert "--model-runner" in out  # v1 or v2 (Model Runner V2)
 
 
 def test_plan_usage_error_exits_2_through_the_console_script(tmp_path):

@@ -25,7 +25,7 @@ import sys
 import weakref
 from typing import Any
 
-MODELS = ("tiny-llama", "tiny-gemma4-fastprefill", "tiny-gemma2")
+MODELS = ("tiny-llama", "tiny-gemma4-fastprefill")
 
 
 class Injected(RuntimeError):

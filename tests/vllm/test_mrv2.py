@@ -143,29 +143,55 @@ def test_mrv2_with_the_engine_core_and_two_workers_in_their_own_processes(
     assert all(n > 0 for n in rep["prefix_caching"]["num_cached_tokens"])
 
 
-def _plan(model: str, num_blocks: int, *flags: str) -> dict:
-    cmd = [sys.executable, "-m", "initpipe_vllm.tools.plan", "--model", str(model_dir(model))]
-    cmd += ["--num-blocks", str(num_blocks), "--max-model-len", str(MAX_MODEL_LEN)]
-    cmd += ["--max-num-seqs", "4", "--max-num-batched-tokens", str(PREFILL_STEP)]
-    cmd += ["--dtype", "float32", "--json", *flags]
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+PLANNED = ["tiny-llama", "tiny-gemma2", "tiny-gemma4-kvshare"]
+
+#: One process plans every model (as ``tests/vllm_plan`` does): vLLM's import dominates.
+_PLAN_SCRIPT = """
+import json, sys
+from initpipe_vllm.tools.plan import plan
+out = {}
+for path, blocks in json.loads(sys.argv[1]):
+    out[path] = plan(path, int(blocks), max_model_len=%d, max_num_seqs=4,
+                     max_num_batched_tokens=%d, dtype="float32",
+                     model_runner="v2").to_dict()
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def plans(reports) -> dict[str, dict]:
+    """``initpipe plan --model-runner v2`` (meta device, no MRv2 run) of each model at the
+    harness's engine settings and stock MRv2's block count."""
+    jobs = [
+        [str(model_dir(m)), reports[m]["stock"]["init"]["kv_cache_config"]["num_blocks"]]
+        for m in PLANNED
+    ]
+    code = _PLAN_SCRIPT % (MAX_MODEL_LEN, PREFILL_STEP)
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_STREAM": "ext://sys.stderr"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(jobs)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+    by_path = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {m: by_path[str(model_dir(m))] for m in PLANNED}
 
 
 def _views(items) -> list:
     return sorted((v["shape"], v["stride"], v["dtype"]) for v in items)
 
 
-@pytest.mark.parametrize("model", ["tiny-llama", "tiny-gemma2", "tiny-gemma4-kvshare"])
-def test_an_mrv2_plan_is_what_stock_mrv2_allocates(reports, model) -> None:
-    """``initpipe plan --model-runner v2`` (meta device, no MRv2 run) against stock MRv2's
-    runner at init (the harness's engine): the same KV views (shape, stride, dtype; KV
-    sharing aliases included), kernel block sizes and block-table widths."""
+@pytest.mark.parametrize("model", PLANNED)
+def test_an_mrv2_plan_is_what_stock_mrv2_allocates(reports, plans, model) -> None:
+    """The MRv2 plan against stock MRv2's runner at init (the harness's engine): the same
+    KV views (shape, stride, dtype; KV-sharing aliases included), kernel block sizes and
+    block-table widths."""
     stock = reports[model]["stock"]["init"]
     num_blocks = stock["kv_cache_config"]["num_blocks"]
-    plan = _plan(model, num_blocks, "--model-runner", "v2")
+    plan = plans[model]
     assert plan["model_runner"] == "v2" and plan["num_blocks"] == num_blocks
     assert plan["kernel_block_sizes"] == stock["kernel_block_sizes"]
     planned = [
