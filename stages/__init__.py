@@ -175,13 +175,23 @@ def catalog(extensions: list[str] | str | None = None) -> Pipeline:
     Raises:
         initpipe.ExtensionError: an enabled extension is missing or breaks the graph.
     """
+    return _with_enabled_extensions(base_catalog(), _EXTENDED, extensions)
+
+
+def _with_enabled_extensions(
+    base: Pipeline,
+    cache: dict[tuple[str, ...] | str, Pipeline],
+    extensions: list[str] | str | None,
+) -> Pipeline:
+    """``base`` with the enabled extensions applied, built once per extension set in
+    ``cache`` (each catalog keeps its own); ``extensions`` as for :func:`catalog`."""
     wanted = enabled_names() if extensions is None else extensions
     if not wanted:
-        return base_catalog()
+        return base
     key = wanted if isinstance(wanted, str) else tuple(wanted)
-    if key not in _EXTENDED:
-        _EXTENDED[key] = base_catalog().with_extensions(wanted)
-    return _EXTENDED[key]
+    if key not in cache:
+        cache[key] = base.with_extensions(wanted)
+    return cache[key]
 
 
 #: The live-resize API, re-exported lazily from ``resize/`` (a higher layer).

@@ -41,6 +41,7 @@ from ..types import InputBatchGeometry, RunnerSettings
 from .progress import log_phase
 
 __all__ = [
+    "PipelineHost",
     "PipelinedRunnerMixin",
     "apply_kv_outputs",
     "apply_model_outputs",
@@ -178,7 +179,39 @@ TRACE_MAX_RECORDS = 20_000
 
 
 # -- the runner classes ----------------------------------------------------------------
-class PipelinedRunnerMixin:
+class PipelineHost:
+    """What both runner mixins (v1 here, Model Runner V2 in :mod:`.runner_v2`) share: the
+    worker's rank for log lines, the failure report, and the capture span. The host sets
+    ``initpipe_pipeline`` and ``initpipe_trace``."""
+
+    initpipe_pipeline: Pipeline
+    initpipe_trace: Any
+
+    def _initpipe_rank(self) -> int | None:
+        """This worker's global rank when there are several (log lines name it), else None."""
+        parallel = self.vllm_config.parallel_config  # type: ignore[attr-defined]
+        return int(parallel.rank) if parallel.world_size > 1 else None
+
+    def _initpipe_report(self, err: Any) -> None:
+        """Log the failed stage and the completed ones, and write the failure trace."""
+        from .progress import report_failure
+
+        parallel = self.vllm_config.parallel_config  # type: ignore[attr-defined]
+        report_failure(
+            err,
+            self.initpipe_trace,
+            self.initpipe_pipeline.graph,
+            parallel.rank,
+            parallel.world_size,
+        )
+
+    def capture_model(self, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's CUDA-graph capture, recorded as a span of the trace."""
+        with self.initpipe_trace.span("capture_model (graph capture)", phase="vllm"):
+            return super().capture_model(*args, **kwargs)  # type: ignore[misc]
+
+
+class PipelinedRunnerMixin(PipelineHost):
     """Put before the platform's runner class: its init runs as an initpipe pipeline.
 
     Attributes:
@@ -205,26 +238,8 @@ class PipelinedRunnerMixin:
         self._initpipe_block_size: int | None = None
         self._initpipe_lock = threading.RLock()
 
-    def _initpipe_rank(self) -> int | None:
-        """This worker's global rank when there are several (log lines name it), else None."""
-        parallel = self.vllm_config.parallel_config  # type: ignore[attr-defined]
-        return int(parallel.rank) if parallel.world_size > 1 else None
-
     def _initpipe_start(self) -> Run:
         return start_run(self.initpipe_pipeline, self, start_inputs(self))
-
-    def _initpipe_report(self, err: Any) -> None:
-        """Log the failed stage and the completed ones, and write the failure trace."""
-        from .progress import report_failure
-
-        parallel = self.vllm_config.parallel_config  # type: ignore[attr-defined]
-        report_failure(
-            err,
-            self.initpipe_trace,
-            self.initpipe_pipeline.graph,
-            parallel.rank,
-            parallel.world_size,
-        )
 
     # model phase ------------------------------------------------------------------------
     def _initpipe_model_phase(self) -> Mapping[str, Any]:
@@ -308,11 +323,6 @@ class PipelinedRunnerMixin:
                 )
             if self.initpipe_run.outputs["kv_block_zeroer"] is None:
                 super()._init_kv_zero_meta()  # type: ignore[misc]
-
-    def capture_model(self) -> Any:
-        """vLLM's CUDA-graph capture, recorded as a span of the trace."""
-        with self.initpipe_trace.span("capture_model (graph capture)", phase="vllm"):
-            return super().capture_model()  # type: ignore[misc]
 
     def _initpipe_release_kv(self) -> None:
         # The runner lets go first, so the allocation's teardown can return the memory.

@@ -40,6 +40,7 @@ from initpipe import KV, PhaseOrderError, Pipeline, Run, StageError
 
 from ..mrv2.types import BlockTableGeometry, RunnerV2Settings
 from .progress import log_phase
+from .runner import TRACE_MAX_RECORDS, PipelineHost, start_run
 
 __all__ = [
     "DELIBERATE_TEARDOWN_DIFFERENCES",
@@ -200,11 +201,7 @@ def engine_kv_cache_config_v2(runner: Any) -> Any:
     return cfg
 
 
-#: How many trace events a pipelined runner keeps.
-TRACE_MAX_RECORDS = 20_000
-
-
-class PipelinedRunnerV2Mixin:
+class PipelinedRunnerV2Mixin(PipelineHost):
     """Put before vLLM's MRv2 runner class: its initialization runs as initpipe pipelines.
 
     Attributes:
@@ -231,27 +228,8 @@ class PipelinedRunnerV2Mixin:
         self._initpipe_weights: bool | None = None
         self.initpipe_run = self._initpipe_start()
 
-    # shared with the v1 mixin in spirit: rank, start, failure report ---------------------
-    def _initpipe_rank(self) -> int | None:
-        parallel = self.vllm_config.parallel_config  # type: ignore[attr-defined]
-        return int(parallel.rank) if parallel.world_size > 1 else None
-
     def _initpipe_start(self) -> Run:
-        from .runner import start_run
-
         return start_run(self.initpipe_pipeline, self, start_inputs_v2(self))
-
-    def _initpipe_report(self, err: Any) -> None:
-        from .progress import report_failure
-
-        parallel = self.vllm_config.parallel_config  # type: ignore[attr-defined]
-        report_failure(
-            err,
-            self.initpipe_trace,
-            self.initpipe_pipeline.graph,
-            parallel.rank,
-            parallel.world_size,
-        )
 
     # model phase ------------------------------------------------------------------------
     def load_model(
@@ -445,11 +423,6 @@ class PipelinedRunnerV2Mixin:
 
         with _teardown_through(self, cudagraph_utils):
             return int(super().profile_cudagraph_memory())  # type: ignore[misc]
-
-    def capture_model(self, *args: Any, **kwargs: Any) -> Any:
-        """vLLM's CUDA-graph capture, recorded as a span of the trace."""
-        with self.initpipe_trace.span("capture_model (graph capture)", phase="vllm"):
-            return super().capture_model(*args, **kwargs)  # type: ignore[misc]
 
     def shutdown(self) -> None:
         """Close the run first (stock's shutdown clears the forward context and deletes the

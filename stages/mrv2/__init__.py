@@ -28,7 +28,6 @@ from __future__ import annotations
 from typing import Any
 
 from initpipe import REQUIRED, Pipeline
-from initpipe._extensions import enabled_names
 
 from . import kv_phase as _kv_phase
 from . import kv_tensors as _kv_tensors
@@ -135,13 +134,9 @@ def catalog(extensions: list[str] | str | None = None) -> Pipeline:
     Raises:
         initpipe.ExtensionError: an enabled extension is missing or breaks the graph.
     """
-    wanted = enabled_names() if extensions is None else extensions
-    if not wanted:
-        return base_catalog()
-    key = wanted if isinstance(wanted, str) else tuple(wanted)
-    if key not in _EXTENDED:
-        _EXTENDED[key] = base_catalog().with_extensions(wanted)
-    return _EXTENDED[key]
+    from .. import _with_enabled_extensions
+
+    return _with_enabled_extensions(base_catalog(), _EXTENDED, extensions)
 
 
 def spec_pipeline() -> Pipeline:
