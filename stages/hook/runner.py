@@ -50,6 +50,7 @@ __all__ = [
     "kv_inputs",
     "pipelined_runner_class",
     "platform_runner_class",
+    "release_cuda_graphs",
     "start_inputs",
     "start_run",
 ]
@@ -181,11 +182,42 @@ TRACE_MAX_RECORDS = 20_000
 # -- the runner classes ----------------------------------------------------------------
 class PipelineHost:
     """What both runner mixins (v1 here, Model Runner V2 in :mod:`.runner_v2`) share: the
-    worker's rank for log lines, the failure report, and the capture span. The host sets
-    ``initpipe_pipeline`` and ``initpipe_trace``."""
+    worker's rank for log lines, the failure report, the capture span, and the KV lifecycle
+    a live resize drives (:mod:`initpipe_vllm.resize.rank` calls only these):
+
+    - :meth:`initpipe_requests` — the request ids the runner still holds state for;
+    - :meth:`initpipe_kv_in_place` — whether a KV cache (or part of one) is in place;
+    - :meth:`initpipe_release_cuda_graphs` — drop every captured graph (they hold the old
+      KV addresses), before the teardown;
+    - :meth:`initpipe_release_kv_cache` — the KV phase's teardowns in reverse, the runner
+      left as vLLM's own cleanup leaves it.
+
+    Re-initializing is vLLM's own ``Worker.initialize_from_config`` (which calls the
+    runner's ``initialize_kv_cache``, the catalog) and warming up its
+    ``compile_or_warm_up_model``, for both runners. The host sets ``initpipe_pipeline``
+    and ``initpipe_trace``.
+    """
 
     initpipe_pipeline: Pipeline
     initpipe_trace: Any
+    #: which vLLM model runner this is: ``"v1"`` or ``"v2"`` (Model Runner V2)
+    initpipe_runner_version: str
+
+    def initpipe_requests(self) -> list[str]:
+        """The ids of the requests this runner still holds state for, sorted."""
+        raise NotImplementedError
+
+    def initpipe_kv_in_place(self) -> bool:
+        """Whether a KV cache, or part of one, is in place on this runner."""
+        raise NotImplementedError
+
+    def initpipe_release_cuda_graphs(self) -> int:
+        """Drop every captured CUDA graph; return how many graph owners held graphs."""
+        raise NotImplementedError
+
+    def initpipe_release_kv_cache(self) -> None:
+        """Tear the KV phase down and let go of the runner's KV attributes."""
+        raise NotImplementedError
 
     def _initpipe_rank(self) -> int | None:
         """This worker's global rank when there are several (log lines name it), else None."""
@@ -221,6 +253,7 @@ class PipelinedRunnerMixin(PipelineHost):
             around them (the worker records those as spans); it outlives re-created runs.
     """
 
+    initpipe_runner_version = "v1"
     initpipe_default_pipeline: Pipeline | None = None
 
     def __init__(self, vllm_config: Any, device: Any, *, pipeline: Pipeline | None = None) -> None:
@@ -340,12 +373,49 @@ class PipelinedRunnerMixin(PipelineHost):
         gc.collect()
         torch.accelerator.empty_cache()
 
+    # the KV lifecycle a live resize drives (PipelineHost) --------------------------------
+    def initpipe_requests(self) -> list[str]:
+        """The requests in ``self.requests`` (v1's per-request state)."""
+        return sorted(self.requests)  # type: ignore[attr-defined]
+
+    def initpipe_kv_in_place(self) -> bool:
+        return bool(self.kv_caches) or self.initpipe_run.kv_ready  # type: ignore[attr-defined]
+
+    def initpipe_release_cuda_graphs(self) -> int:
+        return release_cuda_graphs(self)
+
+    def initpipe_release_kv_cache(self) -> None:
+        self._cleanup_profiling_kv_cache()
+
     def shutdown(self) -> None:
         """vLLM's shutdown (which calls the cleanup above), then close the run."""
         try:
             super().shutdown()  # type: ignore[misc]
         finally:
             self.initpipe_run.close()
+
+
+def release_cuda_graphs(runner: Any) -> int:
+    """The v1 runner's graph owners: every ``CUDAGraphWrapper`` and
+    ``BreakableCUDAGraphWrapper`` (``clear_all_graphs()``, as vLLM's elastic-EP path does
+    for v1) and the encoder's CUDA-graph manager. Returns how many wrappers held graphs; a
+    no-op where none was captured (CPU, ``enforce_eager``). Never run on a GPU here: tested
+    on CPU with real wrapper objects whose entries are filled by hand."""
+    from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+
+    held = 0
+    for cls in (CUDAGraphWrapper, BreakableCUDAGraphWrapper):
+        for wrapper in list(cls._all_instances):
+            entries = getattr(wrapper, "concrete_cudagraph_entries", None)
+            if entries is None:  # the breakable wrapper names them `entries`
+                entries = getattr(wrapper, "entries", None)
+            held += bool(entries)
+        cls.clear_all_graphs()
+    encoder = getattr(runner, "encoder_cudagraph_manager", None)
+    if encoder is not None:
+        encoder.clear()
+    return held
 
 
 def platform_runner_class() -> type:

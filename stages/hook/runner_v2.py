@@ -52,6 +52,7 @@ __all__ = [
     "kv_inputs_v2",
     "pipelined_runner_v2_class",
     "platform_runner_v2_class",
+    "release_cuda_graphs_v2",
     "start_inputs_v2",
 ]
 
@@ -400,14 +401,45 @@ class PipelinedRunnerV2Mixin(PipelineHost):
         import torch
 
         torch.accelerator.synchronize()
-        with self._initpipe_lock:
-            clear_kv_state_v2(self)
-            if self.initpipe_run.state != "closed":
-                self.initpipe_run.teardown_kv_cache()
+        self._initpipe_release_kv()
         s: Any = self
         if s.model_state.supports_mm_inputs:
             s.model_state.encoder_runner.clear()
         s.maybe_remove_all_loras(s.lora_config)
+        gc.collect()
+        torch.accelerator.empty_cache()
+
+    def _initpipe_release_kv(self) -> None:
+        with self._initpipe_lock:
+            # The runner lets go first, so the allocation's teardown can return the memory.
+            clear_kv_state_v2(self)
+            if self.initpipe_run.state != "closed":
+                self.initpipe_run.teardown_kv_cache()
+
+    # the KV lifecycle a live resize drives (PipelineHost) --------------------------------
+    def initpipe_requests(self) -> list[str]:
+        """The requests in ``req_states`` (MRv2's per-request state, sized by
+        ``max_num_reqs`` and shared with the sampler, the speculator and the logits
+        processors: never rebuilt, it outlives every KV phase)."""
+        return sorted(self.req_states.req_id_to_index)  # type: ignore[attr-defined]
+
+    def initpipe_kv_in_place(self) -> bool:
+        return bool(getattr(self, "kv_caches", None)) or self.initpipe_run.kv_ready
+
+    def initpipe_release_cuda_graphs(self) -> int:
+        return release_cuda_graphs_v2(self)
+
+    def initpipe_release_kv_cache(self) -> None:
+        """The resize's teardown: the KV phase's teardowns in reverse and the runner's KV
+        attributes dropped, as ``_teardown_profiling_state`` leaves them — but the LoRAs
+        stay (stock's profiling teardown removes its own dummy LoRAs; a live engine's are
+        the user's). ``block_tables`` stays the last phase's, valid: ``execute_model``
+        applies its staged writes on every step, zero-token ones included (the steps that
+        tell the runner which requests finished, while the cache is released too)."""
+        import torch
+
+        torch.accelerator.synchronize()
+        self._initpipe_release_kv()
         gc.collect()
         torch.accelerator.empty_cache()
 
@@ -432,6 +464,34 @@ class PipelinedRunnerV2Mixin(PipelineHost):
                 self.initpipe_run.close()
         finally:
             super().shutdown()  # type: ignore[misc]
+
+
+def release_cuda_graphs_v2(runner: Any) -> int:
+    """MRv2's graph owners, as vLLM's elastic-EP path releases them
+    (``ElasticEPScalingExecutor._release_cuda_graphs``): the runner's ``cudagraph_manager``,
+    every ``CudaGraphManager`` the speculator holds, then the model state's encoder graphs
+    (``encoder_runner.clear()``, as ``_teardown_profiling_state`` does). MRv2 captures
+    through these managers, not by wrapping the model. Returns how many owners held graphs.
+    Never run on a GPU here (no capture on CPU): tested on CPU with real managers whose
+    graph tables are filled by hand."""
+    from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
+
+    managers = [getattr(runner, "cudagraph_manager", None)]
+    speculator = getattr(runner, "speculator", None)
+    if speculator is not None:
+        managers += [v for v in vars(speculator).values() if isinstance(v, CudaGraphManager)]
+    held = 0
+    for manager in managers:
+        if manager is not None:
+            held += bool(manager.graphs)
+            manager.release_graphs()
+    model_state = getattr(runner, "model_state", None)
+    if model_state is not None and model_state.supports_mm_inputs:
+        encoder = model_state.encoder_runner
+        graphs = getattr(encoder.cudagraph_manager, "budget_graphs", None) or {}
+        held += any(bool(g) for g in graphs.values())
+        encoder.clear()
+    return held
 
 
 @contextlib.contextmanager

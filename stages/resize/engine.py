@@ -84,6 +84,8 @@ class _State:
     last_report: ResizeReport | None = None
     #: the action accepted and not yet answered (a second one is refused meanwhile)
     busy: str | None = None
+    #: which vLLM model runner the workers run ("v1" or "v2"), read from rank 0 once
+    model_runner: str | None = None
 
 
 def _state(core: Any) -> _State:
@@ -165,6 +167,20 @@ def _held_requests(sched: Any) -> list[str]:
     held = [r.request_id for r in sched.running]
     held += [r.request_id for r in sched.kv_holding_waiting]
     return held
+
+
+def _check_runners_idle(statuses: list[dict[str, Any]]) -> None:
+    """Refuse unless every rank answered and its runner holds no request (a rank that
+    could not say counts as busy: its state is unknown)."""
+    for st in statuses:
+        if not st["ok"]:
+            raise refuse(
+                "requests", f"rank {st['rank']} could not report its requests: {st['error']}"
+            )
+        if st["requests"]:
+            raise refuse(
+                "requests", f"rank {st['rank']}'s runner still holds requests {st['requests']}"
+            )
 
 
 def _flush_finished(core: Any) -> None:
@@ -276,6 +292,7 @@ def prepare(
         raise refuse("state", "the KV cache is not released (resize it instead)")
     statuses = _rpc(core, ranks.rank_status, _workers_apart(core))
     _check_engine(core, statuses)
+    st.model_runner = statuses[0]["model_runner"]
     before = 0 if st.state == "released" else int(core.scheduler.kv_cache_config.num_blocks)
     old = plan(core, num_blocks=before) if before else None
     new = None
@@ -346,12 +363,7 @@ def resize(
         sched.set_pause_state(PauseState.PAUSED_ALL)
         try:
             _flush_finished(core)
-            busy = [s for s in _rpc(core, ranks.rank_requests) if s["ok"] and s["requests"]]
-            if busy:
-                raise refuse(
-                    "requests",
-                    f"rank {busy[0]['rank']}'s runner still holds requests {busy[0]['requests']}",
-                )
+            _check_runners_idle(_rpc(core, ranks.rank_requests))
             if before and not sched.reset_prefix_cache():
                 raise refuse("requests", "the prefix cache could not be reset")
         except BaseException:
@@ -510,8 +522,11 @@ def kv_info(core: Any) -> KVCacheInfo:
     cfg = core.scheduler.kv_cache_config
     released = st.state == "released"
     per_rank = st.bytes_per_rank
-    if not released and not per_rank:
-        per_rank = tuple(s["kv_bytes"] for s in _rpc(core, ranks.rank_status))
+    if (not released and not per_rank) or st.model_runner is None:
+        statuses = _rpc(core, ranks.rank_status)
+        if not released and not per_rank:
+            per_rank = tuple(s.get("kv_bytes", 0) for s in statuses)
+        st.model_runner = statuses[0].get("model_runner")
     return KVCacheInfo(
         state="resizing" if st.busy else "released" if released else "serving",
         num_blocks=0 if released else int(cfg.num_blocks),
@@ -522,6 +537,7 @@ def kv_info(core: Any) -> KVCacheInfo:
         bytes_per_rank=per_rank,
         resume_blocks=st.resume_blocks if released else None,
         last_report=st.last_report,
+        model_runner=st.model_runner,
     )
 
 

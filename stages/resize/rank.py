@@ -5,19 +5,23 @@ What belongs here: what runs inside a worker process (or the in-process worker) 
 plain status dict and NEVER raises: ``collective_rpc`` stops reading replies at the first
 failing rank and leaves the other ranks' replies queued for the next call, so a raise on
 one rank would desynchronize the next resize. The engine core reads the statuses and decides
-the rollback (:mod:`.engine`).
+the rollback (:mod:`.engine`); a rank that could not answer refuses the resize.
 
-The KV phase itself goes through the pipelined runner: ``_cleanup_profiling_kv_cache()``
-(the catalog's reverse teardowns) and vLLM's own ``Worker.initialize_from_config`` (which
-calls the runner's ``initialize_kv_cache`` — the catalog — and ``_init_kv_zero_meta``), then
-vLLM's ``compile_or_warm_up_model``.
+Both runners (v1 and Model Runner V2) are driven through one interface, the KV lifecycle
+of :class:`~initpipe_vllm.hook.runner.PipelineHost`: ``initpipe_requests()``,
+``initpipe_kv_in_place()``, ``initpipe_release_cuda_graphs()`` and
+``initpipe_release_kv_cache()`` (the catalog's reverse teardowns); the new cache comes
+from vLLM's own ``Worker.initialize_from_config`` (the runner's ``initialize_kv_cache`` —
+the catalog — and ``_init_kv_zero_meta``), then vLLM's ``compile_or_warm_up_model``.
+Nothing here names a runner version.
 
 GPU: every captured CUDA graph holds the old KV addresses and the old builders' buffers, so
-the teardown releases them all (``CUDAGraphWrapper.clear_all_graphs()``, as vLLM's
-elastic-EP path does) and the warm-up unlocks the workspace, re-captures
-(``compile_or_warm_up_model``) and locks it again. That path has never run on a GPU (no GPU
-machine could install vLLM here); the graph release is unit-tested on CPU with real
-``CUDAGraphWrapper`` objects.
+the teardown releases them all first (v1: ``CUDAGraphWrapper.clear_all_graphs()``; MRv2:
+its ``CudaGraphManager``s' ``release_graphs()`` — both as vLLM's elastic-EP path does) and
+the warm-up unlocks the workspace, re-captures (``compile_or_warm_up_model``; MRv2's
+``capture_model`` locks it itself) and locks it again. That path has never run on a GPU (no
+GPU machine could install vLLM here); the graph releases are unit-tested on CPU with real
+wrapper and manager objects.
 """
 
 from __future__ import annotations
@@ -39,7 +43,6 @@ __all__ = [
     "rank_status",
     "rank_teardown",
     "rank_warm_up",
-    "release_cuda_graphs",
     "trim_memory",
 ]
 
@@ -129,26 +132,30 @@ def _available_memory(worker: Any) -> int | None:
     return int(free)
 
 
+def _pipelined(runner: Any) -> bool:
+    from ..hook.runner import PipelineHost
+
+    return isinstance(runner, PipelineHost)
+
+
 def rank_status(wrapper: Any, own_process: bool = False) -> dict[str, Any]:
     """Whether this rank can resize now, and what it holds. ``own_process``: the worker
     runs apart from the engine core (whose heap vLLM froze already): freeze its heap once."""
     worker, rank = _worker(wrapper)
     try:
-        from ..hook.runner import PipelinedRunnerMixin
-
         froze = freeze_startup_heap() if own_process else False
         runner = worker.model_runner
-        batch = getattr(runner, "input_batch", None)
+        pipelined = _pipelined(runner)
         return {
             "ok": True,
             "rank": rank,
-            "pipelined": isinstance(runner, PipelinedRunnerMixin),
+            "pipelined": pipelined,
+            "model_runner": getattr(runner, "initpipe_runner_version", None),
             "worker_class": f"{type(worker).__module__}.{type(worker).__qualname__}",
             "runner_class": type(runner).__name__,
-            "requests": sorted(getattr(runner, "requests", {})),
-            "batch_requests": int(getattr(batch, "num_reqs", 0) or 0),
+            "requests": runner.initpipe_requests() if pipelined else [],
             "kv_bytes": _kv_bytes(runner),
-            "kv_in_place": bool(getattr(runner, "kv_caches", None)),
+            "kv_in_place": runner.initpipe_kv_in_place() if pipelined else None,
             "num_blocks": runner.cache_config.num_gpu_blocks,
             "available_memory": _available_memory(worker),
             "rss": _rss(),
@@ -162,29 +169,9 @@ def rank_requests(wrapper: Any) -> dict[str, Any]:
     """The requests this rank's runner still holds (cheap: asked again after the pause)."""
     worker, rank = _worker(wrapper)
     try:
-        return {"ok": True, "rank": rank, "requests": sorted(worker.model_runner.requests)}
+        return {"ok": True, "rank": rank, "requests": worker.model_runner.initpipe_requests()}
     except Exception as err:
         return _failure(rank, err, "status")
-
-
-def release_cuda_graphs(runner: Any) -> int:
-    """Drop every captured CUDA graph (they hold the old KV addresses); return how many
-    wrappers held graphs. A no-op where none was captured (CPU, ``enforce_eager``)."""
-    from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
-    from vllm.compilation.cuda_graph import CUDAGraphWrapper
-
-    held = 0
-    for cls in (CUDAGraphWrapper, BreakableCUDAGraphWrapper):
-        for wrapper in list(cls._all_instances):
-            entries = getattr(wrapper, "concrete_cudagraph_entries", None)
-            if entries is None:  # the breakable wrapper names them `entries`
-                entries = getattr(wrapper, "entries", None)
-            held += bool(entries)
-        cls.clear_all_graphs()
-    encoder = getattr(runner, "encoder_cudagraph_manager", None)
-    if encoder is not None:
-        encoder.clear()
-    return held
 
 
 def rank_teardown(wrapper: Any) -> dict[str, Any]:
@@ -195,8 +182,8 @@ def rank_teardown(wrapper: Any) -> dict[str, Any]:
         rss_before = _rss()
         start = time.perf_counter()
         freed = _kv_bytes(runner)
-        graphs = release_cuda_graphs(runner)
-        runner._cleanup_profiling_kv_cache()
+        graphs = runner.initpipe_release_cuda_graphs()
+        runner.initpipe_release_kv_cache()
         trim_memory()
         return {
             "ok": True,
@@ -229,9 +216,9 @@ def rank_initialize(wrapper: Any, kv_cache_configs: list[Any]) -> dict[str, Any]
     start = time.perf_counter()
     try:
         runner = worker.model_runner
-        if getattr(runner, "requests", None):
-            msg = f"rank {rank}'s runner still holds requests {sorted(runner.requests)}"
-            raise RuntimeError(msg)
+        held = runner.initpipe_requests()
+        if held:
+            raise RuntimeError(f"rank {rank}'s runner still holds requests {held}")
         with _vllm_config(worker):
             worker.initialize_from_config(kv_cache_configs[rank])
         return {
@@ -243,8 +230,8 @@ def rank_initialize(wrapper: Any, kv_cache_configs: list[Any]) -> dict[str, Any]
     except Exception as err:
         status = _failure(rank, err, "kv_phase")
         with contextlib.suppress(Exception):
-            if worker.model_runner.kv_caches or worker.model_runner.initpipe_run.kv_ready:
-                worker.model_runner._cleanup_profiling_kv_cache()
+            if worker.model_runner.initpipe_kv_in_place():
+                worker.model_runner.initpipe_release_kv_cache()
         trim_memory()
         status["seconds"] = time.perf_counter() - start
         return status

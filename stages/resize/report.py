@@ -117,6 +117,8 @@ class KVCacheInfo:
         bytes_per_rank: KV bytes allocated on each worker rank (0 while released).
         resume_blocks: the size ``resume_kv_cache()`` returns to (while released).
         last_report: the last resize/release/resume, if any.
+        model_runner: which vLLM model runner the workers run: ``"v1"`` or ``"v2"``
+            (Model Runner V2); None when the workers are not initpipe's pipelined ones.
     """
 
     state: State
@@ -126,6 +128,7 @@ class KVCacheInfo:
     bytes_per_rank: tuple[int, ...]
     resume_blocks: int | None = None
     last_report: ResizeReport | None = None
+    model_runner: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON-able)."""

@@ -120,19 +120,25 @@ def harness(seeded_weights_dir: Path) -> Callable[..., list[dict[str, Any]]]:
 def script_result(
     tmp_path_factory: pytest.TempPathFactory, seeded_weights_dir: Path
 ) -> Callable[..., Any]:
-    """``script_result(__file__, env=None)``: run a test module as a script in a
-    subprocess (``python FILE OUT.json WEIGHTS_DIR``: an in-process engine mutates its
-    process) and return the JSON it wrote. ``env`` entries (None removes one) go over this
-    process's environment; ``VLLM_TARGET_DEVICE`` is ``cpu``; ``tests/`` is on its
-    ``PYTHONPATH`` (the suite's shared helpers)."""
+    """``script_result(__file__, env=None, model_runner="v1")``: run a test module as a
+    script in a subprocess (``python FILE OUT.json WEIGHTS_DIR``: an in-process engine
+    mutates its process) and return the JSON it wrote. ``env`` entries (None removes one) go
+    over this process's environment; ``VLLM_TARGET_DEVICE`` is ``cpu``; ``tests/`` is on its
+    ``PYTHONPATH`` (the suite's shared helpers). ``model_runner="v2"``: the subprocess and
+    every process it spawns run Model Runner V2 on Triton's interpreter (the test kit's
+    ``triton_cpu.environ()``)."""
 
-    def run(file: str, env: dict[str, str | None] | None = None) -> Any:
-        out = tmp_path_factory.mktemp(Path(file).stem) / "result.json"
+    def run(file: str, env: dict[str, str | None] | None = None, model_runner: str = "v1") -> Any:
+        out = tmp_path_factory.mktemp(f"{Path(file).stem}_{model_runner}") / "result.json"
         environ = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
         # the suite's shared helpers (tests/waiting.py ...) import in the script too
         environ["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(TESTS), environ.get("PYTHONPATH")) if p
         )
+        if model_runner == "v2":
+            from initpipe_vllm.testing import triton_cpu
+
+            environ = triton_cpu.environ(environ)
         for key, value in (env or {}).items():
             if value is None:
                 environ.pop(key, None)
@@ -145,6 +151,7 @@ def script_result(
             timeout=900,
             env=environ,
         )
+        (out.parent / "script.log").write_text(proc.stdout + proc.stderr)
         assert proc.returncode == 0, proc.stderr[-6000:]
         return json.loads(out.read_text())
 

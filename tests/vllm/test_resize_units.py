@@ -1,8 +1,12 @@
-"""Resize pieces that need no engine: arguments, records, errors, the CUDA graph release.
+"""Resize pieces that need no engine: arguments, records, errors, the CUDA graph releases,
+the rank statuses' reading.
 
-The CUDA graph release cannot run on a GPU here (no GPU machine could install vLLM): it is
-tested with real ``CUDAGraphWrapper`` / ``BreakableCUDAGraphWrapper`` objects built on CPU
-(the platform's global graph pool set by hand first) whose entries are filled by hand.
+The CUDA graph releases cannot run on a GPU here (no GPU machine could install vLLM): v1's
+is tested with real ``CUDAGraphWrapper`` / ``BreakableCUDAGraphWrapper`` objects built on
+CPU (the platform's global graph pool set by hand first) whose entries are filled by hand,
+Model Runner V2's with real ``CudaGraphManager`` / ``SpeculatorCudaGraphManager`` /
+``EncoderCudaGraphManager`` objects (made without their GPU-bound ``__init__``) whose graph
+tables are filled by hand.
 """
 
 from __future__ import annotations
@@ -135,7 +139,7 @@ def test_the_cuda_graph_release_drops_every_captured_graph() -> None:
     from vllm.forward_context import BatchDescriptor
     from vllm.platforms import current_platform
 
-    from initpipe_vllm.resize.rank import release_cuda_graphs
+    from initpipe_vllm.hook.runner import release_cuda_graphs
 
     cls = type(current_platform)
     saved = cls._global_graph_pool
@@ -165,6 +169,92 @@ def test_the_cuda_graph_release_drops_every_captured_graph() -> None:
         assert release_cuda_graphs(Runner()) == 0
     finally:
         cls._global_graph_pool = saved
+
+
+def test_the_mrv2_graph_release_drops_every_managers_graphs() -> None:
+    """MRv2's owners, as vLLM's elastic EP releases them: the runner's manager, every
+    manager the speculator holds, and the model state's encoder graphs."""
+    from types import SimpleNamespace
+
+    from vllm.v1.worker.encoder_cudagraph import EncoderCudaGraphManager
+    from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
+    from vllm.v1.worker.gpu.mm.encoder_runner import EncoderRunner
+    from vllm.v1.worker.gpu.spec_decode.target_dependent_ar.cudagraph_utils import (
+        SpeculatorCudaGraphManager,
+    )
+
+    from initpipe_vllm.hook.runner_v2 import release_cuda_graphs_v2
+
+    def manager(cls: type, graphs: int) -> Any:
+        m = cls.__new__(cls)  # the real class; its __init__ needs a distributed group
+        m.graphs = {f"desc{i}": object() for i in range(graphs)}
+        m._graphs_captured = bool(graphs)
+        m.breakable_cg_runner = None
+        return m
+
+    main = manager(CudaGraphManager, 3)
+    prefill, decode = manager(SpeculatorCudaGraphManager, 2), manager(SpeculatorCudaGraphManager, 0)
+    speculator = SimpleNamespace(prefill_cudagraph_manager=prefill, decode_cudagraph_manager=decode)
+    enc = EncoderCudaGraphManager.__new__(EncoderCudaGraphManager)
+    enc.budget_graphs = {"vision": {64: object(), 128: object()}}
+    enc.graph_pool = object()
+    encoder = EncoderRunner.__new__(EncoderRunner)
+    encoder.cudagraph_manager = enc
+    runner = SimpleNamespace(
+        cudagraph_manager=main,
+        speculator=speculator,
+        model_state=SimpleNamespace(supports_mm_inputs=True, encoder_runner=encoder),
+    )
+    assert release_cuda_graphs_v2(runner) == 3  # main, prefill, encoder (decode held none)
+    assert main.graphs == {} and prefill.graphs == {} and not main._graphs_captured
+    assert enc.budget_graphs == {"vision": {}} and enc.graph_pool is None
+    assert release_cuda_graphs_v2(runner) == 0
+    # after a KV teardown the runner holds no manager and no speculator: nothing to do
+    bare = SimpleNamespace(
+        cudagraph_manager=None,
+        speculator=None,
+        model_state=SimpleNamespace(supports_mm_inputs=False),
+    )
+    assert release_cuda_graphs_v2(bare) == 0
+
+
+def test_a_rank_that_cannot_report_its_requests_refuses_the_resize() -> None:
+    """Only a rank that answered and holds nothing lets a resize go on: a failed status
+    (an unknown runner state) refuses it as surely as held requests do."""
+    from initpipe_vllm.resize.engine import _check_runners_idle
+
+    _check_runners_idle([{"ok": True, "rank": 0, "requests": []}])
+    failed = {"ok": False, "rank": 1, "error": "AttributeError: no req_states"}
+    with pytest.raises(ResizeRefusedError, match="rank 1 could not report") as info:
+        _check_runners_idle([{"ok": True, "rank": 0, "requests": []}, failed])
+    assert info.value.step == "requests" and "no req_states" in str(info.value)
+    with pytest.raises(ResizeRefusedError, match=r"rank 0's runner still holds requests \['r1'\]"):
+        _check_runners_idle([{"ok": True, "rank": 0, "requests": ["r1"]}])
+
+
+def test_both_pipelined_runners_are_driven_through_one_interface() -> None:
+    """The rank code recognizes the MRv2 class as pipelined and reads its requests from
+    ``req_states`` (v1's from ``requests``), through the methods both implement."""
+    from types import SimpleNamespace
+
+    from initpipe_vllm.hook.runner import PipelinedRunnerMixin, PipelineHost
+    from initpipe_vllm.hook.runner_v2 import PipelinedRunnerV2Mixin, resolve_v2_class
+    from initpipe_vllm.resize.rank import _pipelined
+    from initpipe_vllm.runner import PipelinedCPUModelRunner
+
+    v2 = resolve_v2_class("PipelinedCPUModelRunnerV2")
+    assert v2 is not None and issubclass(v2, PipelineHost)
+    assert v2.initpipe_runner_version == "v2"
+    assert PipelinedCPUModelRunner.initpipe_runner_version == "v1"
+    host = vars(PipelineHost).items()
+    lifecycle = [n for n, v in host if n.startswith("initpipe_") and callable(v)]
+    assert len(lifecycle) == 4
+    for name in lifecycle:  # each is implemented by both mixins, not inherited as a stub
+        assert name in vars(PipelinedRunnerMixin) and name in vars(PipelinedRunnerV2Mixin), name
+    runner = v2.__new__(v2)
+    runner.req_states = SimpleNamespace(req_id_to_index={"b": 0, "a": 3})
+    assert _pipelined(runner) and runner.initpipe_requests() == ["a", "b"]
+    assert not _pipelined(SimpleNamespace())
 
 
 def test_held_steps_admit_each_request_and_its_first_token_then_hold(tmp_path: Any) -> None:
