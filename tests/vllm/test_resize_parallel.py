@@ -16,6 +16,9 @@ TP=2, the harness's workload:
 - release -> resume equals the oracle; a grow back to ``A`` equals a fresh stock TP=2
   engine started at ``A``.
 
+It runs once per runner: v1, and Model Runner V2 on Triton's interpreter (the stock
+engines then run MRv2 too).
+
 Run as a script (``python test_resize_parallel.py OUT.json WEIGHTS_DIR``) it is that
 subprocess.
 """
@@ -33,12 +36,13 @@ import pytest
 A, B = 24, 12
 TP = 2
 MODEL = Path(__file__).resolve().parents[2] / "stages" / "models" / "tiny-llama"
-FAULT_STAGE = "allocated_kv_caches"
+#: The stage that allocates the KV tensors in each runner's catalog (the fault on rank 1).
+FAULT_STAGES = {"v1": "allocated_kv_caches", "v2": "kv_caches_by_layer"}
 
 
 # -- the subprocess ------------------------------------------------------------------------
 def _snap(worker: Any) -> Any:
-    from initpipe_vllm.testing.snapshot import runner_snapshot
+    from initpipe_vllm.testing.equivalence import runner_snapshot
 
     return runner_snapshot(worker.model_runner)
 
@@ -77,7 +81,7 @@ def _engine(folder: Path, extra: dict[str, Any], blocks: int, pipelined: bool) -
 
 
 def main(out: str, weights_dir: str) -> None:
-    from test_resize import _error  # this folder is on sys.path when run as a script
+    from test_resize import _error, _runner_version  # this folder is on sys.path as a script
 
     import initpipe_vllm as ip
     from initpipe_vllm.hook.parallel import default_cpu_thread_binding
@@ -85,7 +89,8 @@ def main(out: str, weights_dir: str) -> None:
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     default_cpu_thread_binding(TP)
-    rec: dict[str, Any] = {}
+    rec: dict[str, Any] = {"model_runner": _runner_version()}
+    fault_stage = FAULT_STAGES[rec["model_runner"]]
     with loadable_model(MODEL, weights_dir=weights_dir) as (folder, extra):
         for blocks in (B, A):
             fresh = _engine(folder, extra, blocks, pipelined=False)
@@ -99,7 +104,7 @@ def main(out: str, weights_dir: str) -> None:
         run_workload(llm, "generate", salt=1)  # fill the prefix cache
         rec["shrink"] = {"report": ip.resize_kv_cache(llm, num_blocks=B).to_dict(), **_state(llm)}
 
-        rec["fault_ranks"] = llm.collective_rpc(_fault_on_rank_1, args=(FAULT_STAGE,))
+        rec["fault_ranks"] = llm.collective_rpc(_fault_on_rank_1, args=(fault_stage,))
         try:
             ip.resize_kv_cache(llm, num_blocks=A)
             rec["fault"] = {"error": "accepted"}
@@ -119,9 +124,12 @@ def main(out: str, weights_dir: str) -> None:
 
 
 # -- the tests -----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def rec(script_result: Any) -> Any:
-    return script_result(__file__)
+@pytest.fixture(scope="module", params=("v1", "v2"))
+def rec(request: pytest.FixtureRequest, script_result: Any) -> Any:
+    """The script's record, once per runner (MRv2 on Triton's interpreter)."""
+    got = script_result(__file__, model_runner=request.param)
+    assert got["model_runner"] == request.param
+    return got
 
 
 def _same(a: Any, b: Any) -> list[str]:
@@ -154,8 +162,10 @@ def test_a_failure_on_one_rank_rolls_every_rank_back(rec: Any) -> None:
     fault = rec["fault"]
     err = fault["error"]
     assert err["type"] == "ResizeError" and err["rolled_back"] is True, err
-    assert (err["rank"], err["stage"]) == (1, FAULT_STAGE)
-    assert "rank 1" in err["message"] and repr(FAULT_STAGE) in err["message"]
+    stage = FAULT_STAGES[rec["model_runner"]]
+    assert (err["rank"], err["stage"]) == (1, stage)
+    assert "rank 1" in err["message"] and repr(stage) in err["message"]
+    assert fault["info"]["model_runner"] == rec["model_runner"]
     assert (fault["info"]["state"], fault["info"]["num_blocks"]) == ("serving", B)
     assert len(fault["info"]["bytes_per_rank"]) == TP
     _equals_fresh(rec, fault)
