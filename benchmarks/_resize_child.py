@@ -1,13 +1,20 @@
-"""Child process of :mod:`benchmarks.resize`: one in-process engine, resized many times.
+"""Child process of :mod:`benchmarks.resize`: one in-process engine, resized many times, and
+the physical floor of each resize measured in the same process.
 
 Prints one JSON line after ``MARK``. An in-process engine mutates its process (thread
-binding), so this runs apart from the parent.
+binding), so this runs apart from the parent. Which runner the engine runs is the
+environment's (the parent starts an MRv2 child with the test kit's ``triton_cpu.environ()``).
+
+The floor of a resize from ``a`` to ``b`` bytes: dropping a tensor of ``a`` bytes, then
+``torch.zeros`` of ``b`` bytes on the same device — what no resize can beat (the KV cache
+must be freed and the new one zeroed).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 from typing import Any
@@ -34,41 +41,67 @@ def _generate(llm: Any) -> None:
     llm.generate([TokensPrompt(prompt_token_ids=list(range(3, 200)))], params, use_tqdm=False)
 
 
+def floor_seconds(old_bytes: int, new_bytes: int, repeats: int) -> float:
+    """Median seconds of dropping ``old_bytes`` then ``torch.zeros(new_bytes)`` (int8, the
+    KV allocation's dtype), each sample on a freshly zeroed old tensor."""
+    import torch
+
+    samples = []
+    for _ in range(repeats):
+        old = torch.zeros(old_bytes, dtype=torch.int8)
+        t = time.perf_counter()
+        del old
+        new = torch.zeros(new_bytes, dtype=torch.int8)
+        samples.append(time.perf_counter() - t)
+        del new
+    return statistics.median(samples)
+
+
 def main(argv: list[str]) -> int:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("INITPIPE_LOG_STAGES", "0")
     import initpipe_vllm as ip
 
-    repeats, big = int(argv[0]), int(argv[1])
+    repeats, big, cycles = int(argv[0]), int(argv[1]), int(argv[2])
     out: dict[str, Any] = {}
     # resize time: alternate two sizes on a live, warmed-up engine (one engine start)
     llm = _engine(8 << 20)
     _generate(llm)
+    out["model_runner"] = ip.kv_cache_info(llm).model_runner
     sizes = (32, 64)
     reports = []
     for i in range(repeats):
         reports.append(ip.resize_kv_cache(llm, num_blocks=sizes[i % 2]).to_dict())
         _generate(llm)
     out["resize"] = reports
+    small = {(r["bytes_freed"], r["bytes_allocated"]) for r in reports[1:]}
+    # both directions alternate: their floors' mean is the median resize's floor
+    out["resize_floor_s"] = statistics.mean(floor_seconds(a, b, 9) for a, b in sorted(small))
 
-    # memory on the same engine: grow to `big`, then big -> big/4 -> big -> release ->
-    # resume, with the worker's RSS (this process)
+    # memory on the same engine: grow to `big`, then (big -> big/4 -> big) x cycles ->
+    # release -> resume, with the worker's RSS (this process)
     ip.resize_kv_cache(llm, kv_cache_memory_bytes=big)
     _generate(llm)
-    t = time.perf_counter()
-    shrink = ip.resize_kv_cache(llm, kv_cache_memory_bytes=big // 4).to_dict()
-    shrink["wall_s"] = time.perf_counter() - t
-    grow = ip.resize_kv_cache(llm, kv_cache_memory_bytes=big).to_dict()
+    shrinks, grows = [], []
+    for _ in range(cycles):
+        shrinks.append(ip.resize_kv_cache(llm, kv_cache_memory_bytes=big // 4).to_dict())
+        grows.append(ip.resize_kv_cache(llm, kv_cache_memory_bytes=big).to_dict())
     release = ip.release_kv_cache(llm).to_dict()
     resume = ip.resume_kv_cache(llm).to_dict()
     _generate(llm)
+    shrink, grow = shrinks[-1], grows[-1]
     out["memory"] = {
         "bytes": big,
         "shrink": shrink,
+        "shrinks": shrinks,
         "grow": grow,
+        "grows": grows,
         "release": release,
         "resume": resume,
+        # the same bytes as the engine's resizes, on the same heap, the engine still alive
+        "shrink_floor_s": floor_seconds(shrink["bytes_freed"], shrink["bytes_allocated"], 3),
+        "grow_floor_s": floor_seconds(grow["bytes_freed"], grow["bytes_allocated"], 3),
     }
     llm.llm_engine.engine_core.shutdown()
     print(MARK + json.dumps(out), flush=True)

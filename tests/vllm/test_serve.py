@@ -14,6 +14,10 @@ tiny-llama with seeded KV-sensitive weights and the middleware given:
 - ``faulty``: the pipelined worker at ``C``, open, whose worker fails its first resize at
   the KV allocation (``INITPIPE_INJECT_FAULT=allocated_kv_caches@2``): the rollback over HTTP.
 
+The four start once per runner: v1, then Model Runner V2 on Triton's interpreter (every
+server, stock ones included, runs MRv2; the fault then hits MRv2's allocating stage), and
+every test runs on both.
+
 The oracle is each fresh server's FIRST run of the workload (an empty prefix cache, as after
 a resize). The workload's prefix-cache hits depend on the cache size (a repeat of the first
 prompt after others fill 12 blocks misses at ``B`` and hits at ``C``), so the two oracles
@@ -37,16 +41,34 @@ B, C = 12, 40
 KEY = "initpipe-test-key"
 MODEL = Path(__file__).resolve().parents[2] / "stages" / "models" / "tiny-llama"
 ROUTES = "/initpipe/kv_cache"
-FAULT_STAGE = "allocated_kv_caches"
-LONG = 450  # tokens of the requests that keep a resize waiting (max_model_len is 512)
+#: The stage that allocates the KV tensors, in each runner's catalog (the faulty server).
+FAULT_STAGES = {"v1": "allocated_kv_caches", "v2": "kv_caches_by_layer"}
+#: Tokens of the requests that keep a resize waiting (max_model_len is 512). The hold
+#: keeps them in flight whatever their length; MRv2's interpreted kernels make each token
+#: about 12x dearer here, so its requests are shorter.
+LONG = {"v1": 450, "v2": 40}
 PROMPT = 50  # their prompts' tokens
 
 httpx = pytest.importorskip("httpx")
 
 
 # -- the servers --------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory, seeded_weights_dir: Path) -> Any:
+def _runner_env(runner: str) -> dict[str, str | None]:
+    """What a server's environment needs to run ``runner`` (MRv2: the test kit's
+    interpreter set-up, which its spawned engine core inherits)."""
+    if runner == "v1":
+        return {}
+    from initpipe_vllm.testing import triton_cpu
+
+    return {k: v for k, v in triton_cpu.environ().items() if os.environ.get(k) != v}
+
+
+@pytest.fixture(scope="module", params=("v1", "v2"))
+def servers(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    seeded_weights_dir: Path,
+) -> Any:
     from initpipe.testing import ENV_FAULT
     from initpipe_vllm.hook import PIPELINED_WORKER
     from initpipe_vllm.resize.hold import ENV_HOLD
@@ -54,6 +76,8 @@ def servers(tmp_path_factory: pytest.TempPathFactory, seeded_weights_dir: Path) 
     from initpipe_vllm.testing.equivalence import loadable_model, workload_engine_kwargs
     from initpipe_vllm.testing.server import ServerSpec, running_servers
 
+    runner = request.param
+    run_env = _runner_env(runner)
     with loadable_model(MODEL, weights_dir=seeded_weights_dir) as (folder, extra):
 
         def engine(blocks: int) -> dict[str, Any]:
@@ -67,8 +91,10 @@ def servers(tmp_path_factory: pytest.TempPathFactory, seeded_weights_dir: Path) 
             return kwargs
 
         common = ["--middleware", "initpipe_vllm.serve.kv_cache_routes"]
-        closed = {"VLLM_API_KEY": None, OPEN_ENV: None}
+        closed = {"VLLM_API_KEY": None, OPEN_ENV: None, **run_env}
+        opened = {"VLLM_API_KEY": None, OPEN_ENV: "1", **run_env}
         hold = tmp_path_factory.mktemp("hold") / "steps"  # main's steps held while it exists
+        fault = FAULT_STAGES[runner]
         specs = [
             ServerSpec(
                 "main",
@@ -77,16 +103,17 @@ def servers(tmp_path_factory: pytest.TempPathFactory, seeded_weights_dir: Path) 
                 {**closed, ENV_HOLD: str(hold)},
             ),
             ServerSpec("fresh_b", engine(B), common, closed),
-            ServerSpec("fresh_c", engine(C), common, {"VLLM_API_KEY": None, OPEN_ENV: "1"}),
+            ServerSpec("fresh_c", engine(C), common, opened),
             # its first resize fails in the worker, at the allocation (run 1 is the start)
             ServerSpec(
                 "faulty",
                 engine(C),
                 [*common, "--worker-cls", PIPELINED_WORKER],
-                {"VLLM_API_KEY": None, OPEN_ENV: "1", ENV_FAULT: f"{FAULT_STAGE}@2"},
+                {**opened, ENV_FAULT: f"{fault}@2"},
             ),
         ]
-        with running_servers(specs, tmp_path_factory.mktemp("servers")) as running:
+        logs = tmp_path_factory.mktemp(f"servers_{runner}")
+        with running_servers(specs, logs) as running:
             clients = {
                 name: httpx.Client(
                     base_url=s.url,
@@ -96,7 +123,13 @@ def servers(tmp_path_factory: pytest.TempPathFactory, seeded_weights_dir: Path) 
                 for name, s in running.items()
             }
             try:
-                yield {"servers": running, "clients": clients, "model": str(folder), "hold": hold}
+                yield {
+                    "servers": running,
+                    "clients": clients,
+                    "model": str(folder),
+                    "hold": hold,
+                    "runner": runner,
+                }
             finally:
                 for client in clients.values():
                     client.close()
@@ -191,7 +224,8 @@ def test_completions_after_a_shrink_and_a_grow_equal_fresh_servers(
     assert oracle[C][-1]["cached"] == 128 and oracle[B][-1]["cached"] == 0
     assert oracle[C][1]["cached"] == 128
 
-    assert main.get(ROUTES).json()["num_blocks"] == C
+    start = main.get(ROUTES).json()
+    assert (start["num_blocks"], start["model_runner"]) == (C, servers["runner"])
     assert _workload(main, model) == oracle[C]  # before: a fresh pipelined server
 
     shrink = _resize(main, num_blocks=B)
@@ -297,7 +331,8 @@ def test_a_failed_resize_says_so_and_the_old_size_serves_on(
     r = faulty.post(f"{ROUTES}/resize", json={"num_blocks": B})
     assert r.status_code == 500, r.text
     error = r.json()["error"]
-    assert (error["rolled_back"], error["stage"], error["step"]) == (True, FAULT_STAGE, "kv_phase")
+    stage = FAULT_STAGES[servers["runner"]]
+    assert (error["rolled_back"], error["stage"], error["step"]) == (True, stage, "kv_phase")
     assert "keeps serving" in error["message"] and "Traceback" not in r.text
     assert (r.json()["kv_cache"]["state"], r.json()["kv_cache"]["num_blocks"]) == ("serving", C)
     assert _cache_info_labels(faulty)["num_gpu_blocks"] == str(C)
@@ -377,7 +412,7 @@ def test_two_concurrent_resizes_exactly_one_succeeds(servers: Any, main: Any) ->
                 body = {
                     "model": model,
                     "prompt": _prompt(20 + i, PROMPT),
-                    "max_tokens": LONG,
+                    "max_tokens": LONG[servers["runner"]],
                     "temperature": 0.0,
                     "ignore_eos": True,
                 }
@@ -416,7 +451,8 @@ def test_two_concurrent_resizes_exactly_one_succeeds(servers: Any, main: Any) ->
     assert (ok.json()["blocks_before"], ok.json()["blocks_after"]) == (C, B)
     assert out["after"]["num_blocks"] == B and out["after"]["state"] == "serving"
     # the requests in flight finished on the old cache
-    assert [d["usage"]["completion_tokens"] for d in out["done"]] == [LONG] * requests
+    long = LONG[servers["runner"]]
+    assert [d["usage"]["completion_tokens"] for d in out["done"]] == [long] * requests
 
 
 def test_the_key_is_read_as_vllm_reads_it() -> None:
