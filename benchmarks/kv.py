@@ -12,7 +12,13 @@ synchronize when the platform has an accelerator.
 - KV re-init: on the live pair, ``_cleanup_profiling_kv_cache()`` then
   ``initialize_kv_cache`` with a config of a different ``num_blocks`` (the sizes
   alternate), the same two calls on both sides — the sequence vLLM's engine runs after
-  its profiling pass. Timed with the startup heap frozen, as a live engine has it
+  its profiling pass, and the core of every live resize. The pipelined runner is past its
+  start-up (``initpipe_startup_done()``, as the worker calls after its warm-up): with the
+  default logging each phase logs one summary line, and with ``INITPIPE_LOG_STAGES=0``
+  none. Each sample is :data:`NUMBER` consecutive re-inits of one side (the sides
+  alternate per sample: one-off stalls of this 2-core machine, several milliseconds, would
+  otherwise decide single-call medians). Timed with the startup heap frozen, as a live
+  engine has it
   (``EngineCore.__init__`` ends with ``freeze_gc_heap()``), so the cleanup's
   ``gc.collect()`` scans only what was allocated since; the same figure on an unfrozen
   heap (a test process: the full collection dominates both sides) is reported too. (A bare
@@ -38,6 +44,10 @@ from ._common import Row, alternate, mm
 
 #: Target from PRODUCT.md: pipelined KV phase and its re-run <= 1.05x stock.
 MAX_RATIO = 1.05
+#: The re-init with the default logging (one summary line per phase after start-up).
+MAX_LOGGED_RATIO = 1.10
+#: Consecutive re-inits per sample.
+NUMBER = 5
 #: "Far below an engine restart", read as at least this many re-inits per restart.
 MIN_RESTART_RATIO = 10.0
 MODEL = "tiny-llama"
@@ -167,7 +177,7 @@ def _reinit_samples(repeats: int) -> tuple[dict[str, list[float]], dict[str, Any
 
     fns = {"stock": reinit_of("stock"), "initpipe": reinit_of("initpipe")}
     alternate(fns, 3)  # warm-up
-    times = alternate(fns, repeats)
+    times = alternate(fns, repeats, number=NUMBER)
     return times, {"sizes": sizes}
 
 
@@ -187,21 +197,35 @@ def run(smoke: bool = False) -> list[Row]:
     global _PAIR
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     pairs, repeats, unfrozen_repeats = (1, 5, 2) if smoke else (5, 40, 10)
-    # Per-stage log lines on (the default): the figure a user gets out of the box.
-    os.environ["INITPIPE_LOG_STAGES"] = "1"
-    logged, _ = reinit_samples(repeats)
     _PAIR = None
-    gc.collect()
-    # The framework's own cost: per-stage lines off (INITPIPE_LOG_STAGES=0), runners rebuilt.
-    os.environ["INITPIPE_LOG_STAGES"] = "0"
-    first = first_kv_phase(pairs)
-    device = live_pair()["initpipe"].device
-    times, info = reinit_samples(repeats)
-    unfrozen, _ = reinit_samples(unfrozen_repeats, frozen=False)
-    os.environ.pop("INITPIPE_LOG_STAGES")
+    saved = os.environ.get("INITPIPE_LOG_STAGES")
+    try:
+        # The framework's own cost: no log line at all (INITPIPE_LOG_STAGES=0).
+        os.environ["INITPIPE_LOG_STAGES"] = "0"
+        first = first_kv_phase(pairs)
+        live_pair()["initpipe"].runner.initpipe_startup_done()  # as the worker does
+        device = live_pair()["initpipe"].device
+        times, info = reinit_samples(repeats)
+        unfrozen, _ = reinit_samples(unfrozen_repeats, frozen=False)
+        # The default logging, the figure a user gets out of the box: one summary line
+        # per phase after start-up.
+        os.environ.pop("INITPIPE_LOG_STAGES")
+        logged, _ = reinit_samples(repeats)
+    finally:
+        if saved is None:
+            os.environ.pop("INITPIPE_LOG_STAGES", None)
+        else:
+            os.environ["INITPIPE_LOG_STAGES"] = saved
     rows = []
 
-    def ratio_row(name: str, num: list[float], den: list[float], what: str, target: bool) -> float:
+    def ratio_row(
+        name: str,
+        num: list[float],
+        den: list[float],
+        what: str,
+        target: bool,
+        limit: float = MAX_RATIO,
+    ) -> float:
         n_min, n_med = mm(num)
         d_min, d_med = mm(den)
         ratio = n_med / d_med
@@ -211,8 +235,8 @@ def run(smoke: bool = False) -> list[Row]:
                 name=name,
                 value=round(ratio, 4),
                 unit="x",
-                target=f"<= {MAX_RATIO}" if target else "",
-                met=(ratio <= MAX_RATIO) if target else None,
+                target=f"<= {limit}" if target else "",
+                met=(ratio <= limit) if target else None,
                 detail=f"{what}; initpipe min/med {n_min * 1e3:.2f}/{n_med * 1e3:.2f} ms; "
                 f"stock min/med {d_min * 1e3:.2f}/{d_med * 1e3:.2f} ms; ratio of "
                 f"mins {n_min / d_min:.4f}; device {device}",
@@ -233,16 +257,17 @@ def run(smoke: bool = False) -> list[Row]:
         times["stock"],
         f"both sides: _cleanup_profiling_kv_cache() + initialize_kv_cache(), num_blocks "
         f"alternating {info['sizes']}, heap frozen as in a live engine, "
-        f"INITPIPE_LOG_STAGES=0, {repeats} alternated",
+        f"INITPIPE_LOG_STAGES=0, {repeats} alternated samples of {NUMBER}",
         True,
     )
     ratio_row(
-        "KV re-init initpipe/stock with per-stage log lines (default) (median)",
+        "KV re-init initpipe/stock, default logging (median)",
         logged["initpipe"],
         logged["stock"],
-        "as above with one vLLM log line per stage and teardown (about 50 us each); "
-        "reported, the target applies to the framework",
-        False,
+        "as above with the default logging past start-up: one summary line per phase "
+        "(about 50 us each)",
+        True,
+        MAX_LOGGED_RATIO,
     )
     ratio_row(
         "KV re-init initpipe/stock, unfrozen heap (median)",

@@ -1,7 +1,10 @@
 """Progress lines, trace files and failure reports for pipelined vLLM workers.
 
 What belongs here: what a user sees of the pipeline while vLLM starts — one log line per
-stage (phase, name, duration), the trace written to a file on request, and, when a stage
+stage (phase, name, duration) until the worker's start-up is over, then one summary line
+per phase (a live resize's KV phase is one line, not one per stage: each line costs about
+50 µs, which a re-init of a tiny model notices), the trace written to a file on request,
+and, when a stage
 fails, a last log line naming it and the completed stages plus a failure trace file. vLLM's
 own "Engine core initialization failed. See root cause above" is then not all a user gets,
 even in multiprocess mode where the exception itself cannot cross processes.
@@ -49,6 +52,7 @@ __all__ = [
     "logger",
     "remove_listener",
     "report_failure",
+    "stage_line",
     "trace_paths",
     "write_trace",
 ]
@@ -99,14 +103,20 @@ def stage_lines_enabled() -> bool:
     return value not in {"0", "false", "no", "off"}
 
 
-def listeners(rank: int | None = None) -> list[Callable[[Any], None]]:
-    """The listeners a new run gets: the per-stage log line (unless
-    ``INITPIPE_LOG_STAGES=0``; naming ``rank`` unless it is None), then the registered
-    ones."""
+def stage_line(rank: int | None = None) -> Callable[[Any], None] | None:
+    """The per-stage log line listener (naming ``rank`` unless it is None), or None with
+    ``INITPIPE_LOG_STAGES=0``."""
     if not stage_lines_enabled():
-        return list(_LISTENERS)
-    line = log_event if rank is None else functools.partial(log_event, rank=rank)
-    return [line, *_LISTENERS]
+        return None
+    return log_event if rank is None else functools.partial(log_event, rank=rank)
+
+
+def listeners(rank: int | None = None, *, stage_lines: bool = True) -> list[Callable[[Any], None]]:
+    """The listeners a new run gets: the per-stage log line (unless ``stage_lines`` is
+    False or ``INITPIPE_LOG_STAGES=0``; naming ``rank`` unless it is None), then the
+    registered ones."""
+    line = stage_line(rank) if stage_lines else None
+    return [line, *_LISTENERS] if line is not None else list(_LISTENERS)
 
 
 def log_phase(run: Any, phase: str, rank: int | None = None) -> None:

@@ -163,12 +163,17 @@ def engine_kv_cache_config(runner: Any) -> Any:
 
 def start_run(pipeline: Pipeline, runner: Any, inputs: Mapping[str, Any]) -> Run:
     """Start ``pipeline`` for a pipelined runner (either runner version): its per-stage log
-    lines (naming the rank when there are several), its trace, and the faults a test asked
+    lines until the worker's start-up is over (naming the rank when there are several; see
+    :meth:`PipelineHost.initpipe_startup_done`), its trace, and the faults a test asked
     for through ``INITPIPE_FAULT`` (spawned worker processes)."""
-    from .progress import listeners
+    from .progress import _LISTENERS, stage_line
 
+    line = None if runner._initpipe_started else stage_line(runner._initpipe_rank())
+    runner._initpipe_stage_line = line
     run = pipeline.start(
-        listeners=listeners(runner._initpipe_rank()), trace=runner.initpipe_trace, **inputs
+        listeners=[*([line] if line is not None else []), *_LISTENERS],
+        trace=runner.initpipe_trace,
+        **inputs,
     )
     if os.environ.get(ENV_FAULT):
         inject_faults_from_env(run)
@@ -202,6 +207,19 @@ class PipelineHost:
     initpipe_trace: Any
     #: which vLLM model runner this is: ``"v1"`` or ``"v2"`` (Model Runner V2)
     initpipe_runner_version: str
+    #: whether the worker's start-up is over (:meth:`initpipe_startup_done`)
+    _initpipe_started = False
+    #: the current run's per-stage log line listener (None when there is none)
+    _initpipe_stage_line: Any = None
+
+    def initpipe_startup_done(self) -> None:
+        """The worker's start-up is over (its first warm-up returned): from now on each
+        phase logs one summary line, not one line per stage and teardown — a live
+        resize's KV phase is one line (each costs about 50 µs). Idempotent."""
+        self._initpipe_started = True
+        line, self._initpipe_stage_line = self._initpipe_stage_line, None
+        if line is not None:
+            self.initpipe_run.remove_listener(line)  # type: ignore[attr-defined]
 
     def initpipe_requests(self) -> list[str]:
         """The ids of the requests this runner still holds state for, sorted."""

@@ -322,6 +322,9 @@ class _TracedWorkerMixin:
     def compile_or_warm_up_model(self) -> Any:
         with self._initpipe_span("compile_or_warm_up_model (warm-up, compile, capture)"):
             result = super().compile_or_warm_up_model()  # type: ignore[misc]
+        done = getattr(self.model_runner, "initpipe_startup_done", None)  # type: ignore[attr-defined]
+        if done is not None:  # start-up is over: one summary line per phase from now on
+            done()
         self._initpipe_write_trace()
         return result
 

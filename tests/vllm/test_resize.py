@@ -29,9 +29,11 @@ Run as a script (``python test_resize.py OUT.json WEIGHTS_DIR``) it is that subp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +89,26 @@ def _request_state(llm: Any) -> dict[str, Any]:
             int((bt.block_table.cpu != 0).sum()) for bt in batch.block_table.block_tables
         ),
     }
+
+
+@contextlib.contextmanager
+def _initpipe_log() -> Iterator[list[str]]:
+    """The ``vllm.initpipe`` log lines (INFO and up) emitted inside the block."""
+    import logging
+
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("vllm.initpipe")
+    handler = Keep(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
 
 
 def _empty_step(llm: Any) -> str:
@@ -188,7 +210,10 @@ def _engine_under_test(folder: Path, extra: dict[str, Any], queued: list[int]) -
             **_state(llm),
         }
 
-    checkpoint("shrink", ip.resize_kv_cache(llm, num_blocks=B))
+    with _initpipe_log() as lines:
+        shrink = ip.resize_kv_cache(llm, num_blocks=B)
+    rec["shrink_log"] = lines
+    checkpoint("shrink", shrink)
     checkpoint("grow", ip.resize_kv_cache(llm, num_blocks=C))
 
     # release -> refused requests -> resume (to the previous size)
@@ -356,6 +381,16 @@ def test_each_runner_ran_and_reports_itself(result: Any) -> None:
     assert eng["info_start"]["model_runner"] == runner
     assert eng["shrink"]["runner"]["runner_base_class"].endswith("CPUModelRunner")
     assert eng["shrink"]["info"]["model_runner"] == runner
+
+
+def test_a_resize_logs_a_summary_not_a_line_per_stage(result: Any) -> None:
+    """Per-stage lines are for the start; after it each phase is one line (plus the
+    report's two), so a resize of a tiny model is not slowed by its own log."""
+    lines = result["engine"]["shrink_log"]
+    summaries = [ln for ln in lines if "kv_cache_config phase:" in ln]
+    assert len(summaries) == 1 and "stages in" in summaries[0], lines
+    assert not [ln for ln in lines if " ms ok" in ln], lines  # no per-stage / teardown line
+    assert any(ln.startswith("initpipe: resize (wait): 24 -> 12 blocks") for ln in lines), lines
 
 
 def test_after_a_resize_the_runner_holds_no_request_and_clean_block_tables(result: Any) -> None:
