@@ -177,6 +177,17 @@ class Trace:
             if kind == STAGE and outcome == "ok"
         }
 
+    def recent_durations(self, n: int, phase: str) -> dict[str, float]:
+        """Durations of the successful stage runs of ``phase`` among the ``n`` most recent
+        events, oldest first (cheap: reads the raw records, builds no events)."""
+        records = self._records
+        out: dict[str, float] = {}
+        for i in range(max(0, len(records) - n), len(records)):
+            name, rphase, kind, _start, duration, outcome, _gen, _err = records[i]
+            if kind == STAGE and rphase == phase and outcome == "ok":
+                out[name] = duration
+        return out
+
     def to_dict(self, graph: nx.DiGraph[str] | None = None) -> dict[str, Any]:
         """Return ``{"version", "wall_origin", "events", "critical_path"?}`` as plain data."""
         out: dict[str, Any] = {

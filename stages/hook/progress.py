@@ -127,12 +127,7 @@ def log_phase(run: Any, phase: str, rank: int | None = None) -> None:
         return
     # The phase's stage records are the last ones (listeners add none): read only those,
     # not the whole (possibly long) trace.
-    count = len(run.pipeline.phase_order(phase))
-    durations = {
-        e.name: e.duration
-        for e in run.trace.tail(count)
-        if e.kind == "stage" and e.phase == phase and e.outcome == "ok"
-    }
+    durations = run.trace.recent_durations(len(run.pipeline.phase_order(phase)), phase)
     if not durations:
         return
     slowest = max(durations, key=durations.__getitem__)

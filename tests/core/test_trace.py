@@ -131,3 +131,17 @@ def test_tail_returns_the_latest_events_oldest_first():
         t.record(f"s{i}", "model", "stage", 0.0, 1.0, "ok")
     assert [e.name for e in t.tail(2)] == ["s3", "s4"]
     assert [e.name for e in t.tail(10)] == [f"s{i}" for i in range(5)]
+
+
+def test_recent_durations_reads_the_latest_ok_stage_runs_of_one_phase():
+    t = Trace()
+    t.record("old", "kv", "stage", 0.0, 9.0, "ok")
+    t.record("a", "kv", "stage", 0.0, 1.0, "ok")
+    t.record("m", "model", "stage", 0.0, 2.0, "ok")
+    t.record("b", "kv", "stage", 0.0, 3.0, "error", error="boom")
+    t.record("a", "kv", "teardown", 0.0, 4.0, "ok")
+    t.record("c", "kv", "stage", 1.0, 1.5, "ok")
+    assert t.recent_durations(5, "kv") == {"a": 1.0, "c": 0.5}
+    assert t.recent_durations(100, "kv") == {"old": 9.0, "a": 1.0, "c": 0.5}
+    assert t.recent_durations(5, "model") == {"m": 2.0}
+    assert Trace().recent_durations(3, "kv") == {}
