@@ -27,14 +27,15 @@ import pytest
 #: It only orders: every test runs, and the unlisted modules follow in collection order.
 SLOW_FIRST = (
     "tests/vllm/test_mrv2.py",  # 390 s (Model Runner V2 on Triton's interpreter)
+    "tests/vllm/test_serve.py",  # 330 s (v1 and MRv2 servers)
     "tests/vllm/test_engine_equivalence.py",  # 259 s
     "tests/vllm/test_parallel.py",  # 200 s
     "tests/hook/test_hook.py",  # 196 s
-    "tests/vllm/test_serve.py",  # 160 s
+    "tests/vllm/test_resize_parallel.py",  # 190 s (v1 and MRv2)
+    "tests/benchmarks/test_vllm_smoke.py",  # 170 s
     "tests/vllm/test_runner.py",  # 158 s
-    "tests/benchmarks/test_vllm_smoke.py",  # 137 s
+    "tests/vllm/test_resize.py",  # 120 s (v1 and MRv2)
     "tests/vllm/test_resize_multiprocess.py",  # 106 s
-    "tests/vllm/test_resize_parallel.py",  # 71 s
     "tests/vllm/test_mrv2_engineless.py",  # 80 s
     "tests/vllm/test_kv_phase.py",  # 59 s
     "tests/plugin/test_pytest_plugin.py",  # 52 s
@@ -42,7 +43,6 @@ SLOW_FIRST = (
     "tests/vllm/test_kv_sensitivity.py",  # 37 s
     "tests/vllm/test_model_phase.py",  # 36 s
     "tests/vllm/test_forced_backends.py",  # 35 s
-    "tests/vllm/test_resize.py",  # 30 s
     "tests/vllm_plan/test_vllm_plan.py",  # 27 s
 )
 

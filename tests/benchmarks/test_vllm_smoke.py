@@ -25,16 +25,24 @@ EXPECTED = [
     "engine start initpipe/stock, whole process (median)",
     "first KV phase initpipe/stock (median)",
     "KV re-init initpipe/stock (median)",
+    "KV re-init initpipe/stock, default logging (median)",
     "KV re-init initpipe/stock, unfrozen heap (median)",
     "engine restart / initpipe KV re-init (median)",
     "KV allocation 8 MiB: torch.zeros/initpipe (median)",
     "KV allocation 8 MiB: initpipe/stock (median)",
-    "KV resize, tiny model (median)",
+    *(
+        f"{runner} {figure}"
+        for runner in ("v1", "MRv2")
+        for figure in (
+            "KV resize 32<->64 blocks (median)",
+            "KV resize 64 MiB -> 16 MiB (median)",
+            "KV resize 16 MiB -> 64 MiB (median)",
+            "RSS returned by the shrink 64 -> 16 MiB / freed KV bytes",
+            "RSS returned by the release of 64 MiB / freed KV bytes",
+        )
+    ),
     "engine restart (LLM() in-process) / KV resize (median)",
     "engine restart (whole process) / KV resize (median)",
-    "KV resize 64 MiB -> 16 MiB (total)",
-    "RSS returned by the shrink 64 -> 16 MiB / freed KV bytes",
-    "RSS returned by the release of 64 MiB / freed KV bytes",
     "KV resize over HTTP, tiny model (median)",
     "server restart / KV resize over HTTP (median)",
     "MRv2 engine start initpipe/stock, LLM() in-process (median)",
