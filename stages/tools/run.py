@@ -261,13 +261,6 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, flag) < 1:
             print(f"Error: --{flag.replace('_', '-')} must be 1 or more", file=sys.stderr)
             return 2
-    if args.model_runner == "v2" and args.resize:
-        print(
-            "Error: --resize is not available with --model-runner v2 yet: live resize "
-            "covers the v1 runner only",
-            file=sys.stderr,
-        )
-        return 2
     _select_model_runner(args.model_runner)
     world = args.tensor_parallel_size * args.pipeline_parallel_size
     if world > 1:

@@ -47,6 +47,7 @@ EXPECTED = [
     "server restart / KV resize over HTTP (median)",
     "MRv2 engine start initpipe/stock, LLM() in-process (median)",
     "MRv2 KV re-init initpipe/stock (median)",
+    "MRv2 KV re-init initpipe/stock, default logging (median)",
     "MRv2 first KV phase initpipe/stock (one sample each)",
 ]
 
