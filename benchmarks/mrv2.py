@@ -68,6 +68,24 @@ def kv_samples(pairs: int) -> dict[str, object]:
     return data
 
 
+def _reinit_row(samples: object, name: str, limit: float, what: str) -> Row:
+    assert isinstance(samples, dict)
+    s_min, s_med = mm(samples["stock"])
+    p_min, p_med = mm(samples["initpipe"])
+    return Row(
+        bench="mrv2",
+        name=name,
+        value=round(p_med / s_med, 4),
+        unit="x",
+        target=f"<= {limit}",
+        met=p_med / s_med <= limit,
+        detail=(
+            f"teardown + initialize_kv_cache; initpipe min/med {p_min * 1e3:.2f}/"
+            f"{p_med * 1e3:.2f} ms; stock {s_min * 1e3:.2f}/{s_med * 1e3:.2f} ms; {what}"
+        ),
+    )
+
+
 def run(smoke: bool = False) -> list[Row]:
     """Rows: MRv2 engine start ratio, MRv2 KV re-init ratio, first MRv2 KV phase."""
     repeats, pairs = (1, 3) if smoke else (6, 40)
@@ -89,45 +107,28 @@ def run(smoke: bool = False) -> list[Row]:
         )
     ]
     kv = kv_samples(pairs)
-    reinit = kv["reinit"]
-    assert isinstance(reinit, dict)
-    ks_min, ks_med = mm(reinit["stock"])
-    kp_min, kp_med = mm(reinit["initpipe"])
-    rows.append(
-        Row(
-            bench="mrv2",
-            name="MRv2 KV re-init initpipe/stock (median)",
-            value=round(kp_med / ks_med, 4),
-            unit="x",
-            target=f"<= {KV_MAX_RATIO}",
-            met=kp_med / ks_med <= KV_MAX_RATIO,
-            detail=(
-                f"teardown + initialize_kv_cache; initpipe min/med {kp_min * 1e3:.2f}/"
-                f"{kp_med * 1e3:.2f} ms; stock {ks_min * 1e3:.2f}/{ks_med * 1e3:.2f} ms; "
-                f"{pairs} alternated pairs of 5 re-inits, frozen startup heap, "
-                "INITPIPE_LOG_STAGES=0"
-            ),
+    for key, name, limit, what in (
+        (
+            "reinit",
+            "MRv2 KV re-init initpipe/stock (median)",
+            KV_MAX_RATIO,
+            "INITPIPE_LOG_STAGES=0",
+        ),
+        (
+            "logged",
+            "MRv2 KV re-init initpipe/stock, default logging (median)",
+            KV_LOGGED_MAX_RATIO,
+            "the default logging past start-up (one summary line per phase)",
+        ),
+    ):
+        rows.append(
+            _reinit_row(
+                kv[key],
+                name,
+                limit,
+                f"{pairs} alternated pairs of 5 re-inits, frozen startup heap, {what}",
+            )
         )
-    )
-    logged = kv["logged"]
-    assert isinstance(logged, dict)
-    ls_min, ls_med = mm(logged["stock"])
-    lp_min, lp_med = mm(logged["initpipe"])
-    rows.append(
-        Row(
-            bench="mrv2",
-            name="MRv2 KV re-init initpipe/stock, default logging (median)",
-            value=round(lp_med / ls_med, 4),
-            unit="x",
-            target=f"<= {KV_LOGGED_MAX_RATIO}",
-            met=lp_med / ls_med <= KV_LOGGED_MAX_RATIO,
-            detail=(
-                f"as above with the default logging past start-up (one summary line per "
-                f"phase); initpipe min/med {lp_min * 1e3:.2f}/{lp_med * 1e3:.2f} ms; stock "
-                f"{ls_min * 1e3:.2f}/{ls_med * 1e3:.2f} ms"
-            ),
-        )
-    )
     first = kv["first"]
     assert isinstance(first, dict)
     rows.append(
