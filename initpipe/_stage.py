@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any, Final, Literal, TypeVar, overload
 
 import attrs
@@ -51,6 +52,10 @@ class StageSpec:
         after / before: ordering-only edges to other stages, by name.
         doc: first line of the docstring.
         package: the distribution or extension that brought the stage (``None`` = built in).
+        meta: free-form declarations about the stage that the framework does not interpret
+            (e.g. which host functions it mirrors): a read-only mapping of string keys to
+            strings, numbers, booleans, None or tuples of strings, shown by ``initpipe
+            graph`` and exported with the graph.
     """
 
     name: str
@@ -67,6 +72,7 @@ class StageSpec:
     package: str | None = None
     #: False when some input is keyword-only (the runner then passes inputs by name)
     positional: bool = True
+    meta: Mapping[str, Any] = attrs.field(factory=dict, hash=False, repr=False)
 
     @property
     def qualname(self) -> str:
@@ -82,6 +88,37 @@ class StageSpec:
     def multi(self) -> bool:
         """True when the stage returns a mapping of several outputs."""
         return len(self.provides) != 1
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _meta(func: Any, meta: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """``meta`` checked and frozen: string keys; values are scalars or strings (a list or
+    tuple of strings becomes a tuple)."""
+    if meta is None:
+        return MappingProxyType({})
+    if not isinstance(meta, Mapping):
+        raise _fail(func, "meta", f"meta={meta!r} must be a mapping of names to values.")
+    out: dict[str, Any] = {}
+    for key, value in meta.items():
+        if not isinstance(key, str) or not key:
+            raise _fail(func, "meta", f"meta key {key!r} must be a non-empty string.")
+        if isinstance(value, (list, tuple)):
+            if not all(isinstance(v, str) for v in value):
+                raise _fail(
+                    func, "meta", f"meta[{key!r}]={value!r}: a sequence must hold strings only."
+                )
+            value = tuple(value)
+        elif not isinstance(value, _SCALARS):
+            raise _fail(
+                func,
+                "meta",
+                f"meta[{key!r}] is a {type(value).__name__}; use a string, number, bool, None "
+                "or a tuple of strings (it is exported as JSON).",
+            )
+        out[key] = value
+    return MappingProxyType(out)
 
 
 def _fail(func: Any, field: str, msg: str) -> StageDeclarationError:
@@ -156,6 +193,7 @@ def make_spec(
     after: str | Iterable[str] = (),
     before: str | Iterable[str] = (),
     package: str | None = None,
+    meta: Mapping[str, Any] | None = None,
 ) -> StageSpec:
     """Build a StageSpec for ``func`` and check the declaration; see :func:`stage`."""
     if not callable(func) or isinstance(func, type):
@@ -213,6 +251,7 @@ def make_spec(
         doc=doc.strip().splitlines()[0] if doc.strip() else "",
         package=package,
         positional=not kwonly,
+        meta=_meta(func, meta),
     )
 
 
@@ -227,6 +266,7 @@ def stage(
     effects: Iterable[str] = (),
     after: str | Iterable[str] = (),
     before: str | Iterable[str] = (),
+    meta: Mapping[str, Any] | None = None,
 ) -> F: ...
 
 
@@ -241,6 +281,7 @@ def stage(
     effects: Iterable[str] = (),
     after: str | Iterable[str] = (),
     before: str | Iterable[str] = (),
+    meta: Mapping[str, Any] | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -254,6 +295,7 @@ def stage(
     effects: Iterable[str] = (),
     after: str | Iterable[str] = (),
     before: str | Iterable[str] = (),
+    meta: Mapping[str, Any] | None = None,
 ) -> F | Callable[[F], F]:
     """Mark a plain function as a stage and return it unchanged.
 
@@ -267,6 +309,9 @@ def stage(
             the stage's inputs it names as parameters.
         effects: names of external state the stage mutates because the host forces it.
         after / before: stage names this stage must run after / before (ordering only).
+        meta: declarations the framework keeps but does not interpret (string keys;
+            strings, numbers, booleans, None or tuples of strings), e.g. which host
+            functions the stage mirrors; shown by ``initpipe graph`` and in its JSON export.
 
     Returns:
         The same function, with a frozen :class:`StageSpec` at ``func.__initpipe_stage__``.
@@ -285,6 +330,7 @@ def stage(
             effects=effects,
             after=after,
             before=before,
+            meta=meta,
         )
         try:
             setattr(fn, SPEC_ATTR, spec)

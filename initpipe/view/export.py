@@ -15,6 +15,7 @@ Schema (version 1; fields may be added, never renamed or removed)::
          "module": "pkg.mod", "qualname": "pkg.mod:func",
          "package": null | "dist-name",              # who brought the stage (plugins)
          "doc": "first line of the docstring",
+         "meta": {"key": "value" | [...] | ...},     # free-form declarations (@stage(meta=))
          "duration": 0.0123}                         # seconds; only with a trace
       ],
       "edges": [                                     # one per data key
@@ -64,6 +65,7 @@ def export(pipeline: Pipeline) -> View:
                 "qualname": s.qualname,
                 "package": s.package,
                 "doc": s.doc,
+                "meta": {k: list(v) if isinstance(v, tuple) else v for k, v in s.meta.items()},
             }
         )
     rank = {n: i for i, n in enumerate(pipeline.order)}

@@ -120,6 +120,10 @@ _JS = r"""
     if ("duration" in s) { row("duration", text("dd", fmt(s.duration))); }
     row("function", text("dd", s.qualname || s.module || ""));
     row("doc", text("dd", s.doc || ""));
+    Object.keys(s.meta || {}).forEach(function (key) {
+      var v = s.meta[key];
+      row(key, text("dd", Array.isArray(v) ? (v.length ? v.join(", ") : "none") : String(v)));
+    });
     panel.appendChild(dl);
   }
   function select(name) {

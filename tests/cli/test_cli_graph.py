@@ -66,7 +66,9 @@ def test_json_follows_the_documented_schema(capsys: pytest.CaptureFixture[str]) 
         "qualname": "cli_toys.mini_vllm:kv_cache_spec",
         "package": None,
         "doc": 'Build each layer\'s KV cache spec <and> "record" shared layers.',
+        "meta": {"mirrors": ["toyvllm.runner:Runner.get_kv_cache_spec"], "since": "0.1"},
     }
+    assert data["stages"][0]["meta"] == {}  # a stage that declares none
     edges = data["edges"]
     assert {"from": "cudagraph", "to": "warm_up", "key": "batch_sizes", "kind": "data"} in edges
     assert {"from": "metadata_builders", "to": "warm_up", "key": None, "kind": "order"} in edges

@@ -108,6 +108,9 @@ def test_selecting_a_stage_shows_its_inputs_outputs_and_doc(
     assert "kv_cache_spec  → cudagraph, kv_caches" in panel
     assert "shared_kv_cache_layers" in panel
     assert 'Build each layer\'s KV cache spec &lt;and&gt; "record" shared layers.' in panel
+    # the stage's free-form declarations, one row each
+    assert "<dt>mirrors</dt><dd>toyvllm.runner:Runner.get_kv_cache_spec</dd>" in panel
+    assert "<dt>since</dt><dd>0.1</dd>" in panel
     # the lineage is highlighted, the unrelated branch dimmed
     assert re.search(r'<g id="stage-kv_cache_spec" class="node[^"]*\bselected\b', res.stdout)
     assert re.search(r'<g id="stage-attn_backends" class="node"', res.stdout)

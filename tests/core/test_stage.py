@@ -170,3 +170,41 @@ def test_empty_or_repeated_provides_is_rejected():
         @stage(needs="model", provides=("a", "a"))
         def g(model):
             return model
+
+
+def test_meta_is_kept_read_only_and_does_not_change_the_stage():
+    @stage(needs="model", meta={"mirrors": ["host:A.b", "host:c"], "version": 2, "hot": True})
+    def s(model):
+        return 1
+
+    spec = get_spec(s)
+    assert dict(spec.meta) == {"mirrors": ("host:A.b", "host:c"), "version": 2, "hot": True}
+    with pytest.raises(TypeError):
+        spec.meta["mirrors"] = ()  # type: ignore[index]
+    assert hash(spec) == hash(spec)  # a spec stays hashable with its mapping
+
+    @stage(needs="model")
+    def bare(model):
+        return 1
+
+    assert dict(get_spec(bare).meta) == {}
+
+
+@pytest.mark.parametrize(
+    ("meta", "says"),
+    [
+        (["mirrors"], "must be a mapping"),
+        ({1: "x"}, "meta key 1 must be a non-empty string"),
+        ({"": "x"}, "meta key '' must be a non-empty string"),
+        ({"calls": ["a", 3]}, r"meta\['calls'\]=\['a', 3\]: a sequence must hold strings only"),
+        ({"obj": object()}, r"meta\['obj'\] is a object; use a string, number"),
+    ],
+)
+def test_bad_meta_is_refused_naming_the_field(meta, says):
+    with pytest.raises(StageDeclarationError, match=says) as e:
+
+        @stage(needs="model", meta=meta)
+        def s(model):
+            return 1
+
+    assert e.value.field == "meta"

@@ -11,7 +11,11 @@ def attn_layers(model, vllm_config):
     return {"layers.0.attn": object()}
 
 
-@stage(needs="model", effects=["shared_kv_cache_layers"])
+@stage(
+    needs="model",
+    effects=["shared_kv_cache_layers"],
+    meta={"mirrors": ["toyvllm.runner:Runner.get_kv_cache_spec"], "since": "0.1"},
+)
 def kv_cache_spec(attn_layers, vllm_config):
     """Build each layer's KV cache spec <and> "record" shared layers."""
     return dict.fromkeys(attn_layers, "FullAttentionSpec")
