@@ -166,12 +166,12 @@ def start_run(pipeline: Pipeline, runner: Any, inputs: Mapping[str, Any]) -> Run
     lines until the worker's start-up is over (naming the rank when there are several; see
     :meth:`PipelineHost.initpipe_startup_done`), its trace, and the faults a test asked
     for through ``INITPIPE_FAULT`` (spawned worker processes)."""
-    from .progress import _LISTENERS, stage_line
+    from .progress import listeners, stage_line
 
     line = None if runner._initpipe_started else stage_line(runner._initpipe_rank())
-    runner._initpipe_stage_line = line
+    runner._initpipe_stage_line = line  # kept: initpipe_startup_done() removes it
     run = pipeline.start(
-        listeners=[*([line] if line is not None else []), *_LISTENERS],
+        listeners=[*([line] if line is not None else []), *listeners(stage_lines=False)],
         trace=runner.initpipe_trace,
         **inputs,
     )
