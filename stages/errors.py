@@ -16,7 +16,9 @@
         │   │                                   is back at its previous size
         │   └── ResizeRefusedError (ValueError) refused before anything changed (bad
         │                                       size, config it cannot follow, requests)
-        └── KVCacheReleasedError (RuntimeError) a request while the KV cache is released
+        ├── KVCacheReleasedError (RuntimeError) a request while the KV cache is released
+        └── VllmSourceError (ValueError)        a path given as a vLLM (``initpipe doctor
+                                                --source``) that holds no vLLM
 
 They subclass the builtin they mean so callers that catch ``ValueError`` or
 ``NotImplementedError`` keep working, and ``initpipe.InitpipeError`` catches both packages'
@@ -36,6 +38,7 @@ __all__ = [
     "ResizeError",
     "ResizeRefusedError",
     "UnsupportedRunnerError",
+    "VllmSourceError",
 ]
 
 
@@ -121,6 +124,18 @@ class ResizeRefusedError(ResizeError, ValueError):
 
 class KVCacheReleasedError(InitpipeVllmError, RuntimeError):
     """A request reached an engine whose KV cache is released; ``resume_kv_cache`` first."""
+
+
+class VllmSourceError(InitpipeVllmError, ValueError):
+    """A path given as a vLLM holds none (no ``vllm/__init__.py``), or cannot be read.
+
+    Attributes:
+        path: the path as given.
+    """
+
+    def __init__(self, msg: str, *, path: str) -> None:
+        super().__init__(msg)
+        self.path = path
 
 
 def _rebuild(cls: type[ResizeError], msg: str, kwargs: dict[str, object]) -> ResizeError:

@@ -7,7 +7,7 @@ Layers, lowest first:
 - ``initpipe``: core (``initpipe``, ``initpipe._*``, ``errors``, ``files``, ``testing``)
   <- ``initpipe.view`` <- ``initpipe.cli``;
 - ``initpipe_vllm``: the catalog (the package, its stage modules, ``types``, ``errors``)
-  <- ``hook`` (with the ``worker``/``runner`` re-exports) <- ``resize`` <- ``serve`` <- ``testing``
+  <- ``contract`` (what the catalog mirrors of vLLM, and the check) <- ``hook`` (with the ``worker``/``runner`` re-exports) <- ``resize`` <- ``serve`` <- ``testing``
   (with the ``pytest_plugin`` re-export) <- ``tools``;
 - one exception, declared in :data:`FACADES`: the package ``initpipe_vllm`` re-exports the
   public resize API from ``resize`` lazily (PEP 562 ``__getattr__``). Imports inside a
@@ -112,11 +112,12 @@ def _layer(mod: str) -> tuple[int, int]:
     """(package, layer): a module may import only its own package's layers at or below."""
     if mod.startswith("initpipe_vllm"):
         rules = [
-            (r"initpipe_vllm\.tools\b", 5),
-            (r"initpipe_vllm\.(testing|pytest_plugin)\b", 4),
-            (r"initpipe_vllm\.serve\b", 3),
-            (r"initpipe_vllm\.resize\b", 2),
-            (r"initpipe_vllm\.(hook|worker|runner)\b", 1),
+            (r"initpipe_vllm\.tools\b", 6),
+            (r"initpipe_vllm\.(testing|pytest_plugin)\b", 5),
+            (r"initpipe_vllm\.serve\b", 4),
+            (r"initpipe_vllm\.resize\b", 3),
+            (r"initpipe_vllm\.(hook|worker|runner)\b", 2),
+            (r"initpipe_vllm\.contract\b", 1),
             (r"initpipe_vllm\b", 0),
         ]
         return 1, next(n for pat, n in rules if re.match(pat, mod))
