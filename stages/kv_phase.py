@@ -10,22 +10,10 @@ points at freed KV memory (README: "Differences from stock cleanup"). The declar
 forces stock's order (K3 -> K4 -> K5 -> K6 -> K7 -> K8), with ordering-only edges where no
 data edge does.
 
-Replaces, in ``vllm/v1/worker/gpu_model_runner.py`` (``GPUModelRunner``):
-
-- ``initialize_kv_cache`` (the orchestration and its deep copy, K0);
-- ``may_add_encoder_only_layers_to_kv_cache_config`` (K1, :func:`encoder_only_kv_cache_group`)
-  and ``maybe_add_kv_sharing_layers_to_kv_cache_groups`` (K2) — both now build
-  :func:`runner_kv_cache_config`, the runner's working copy, instead of mutating
-  ``self.kv_cache_config``;
-- ``initialize_attn_backend`` (K3, :func:`attention_groups`) and
-  ``_check_and_update_cudagraph_mode`` (K3a, :func:`cudagraph_mode`);
-- ``initialize_mamba_ssu_backend`` (K4, :func:`mamba_ssu_backend`);
-- ``prepare_kernel_block_sizes`` (K5, :func:`kernel_block_sizes`);
-- ``initialize_metadata_builders`` and ``calculate_reorder_batch_threshold`` (K6,
-  :func:`metadata_builders`, :func:`reorder_batch_threshold`, :func:`drafter_attn_groups`);
-- ``may_reinitialize_input_batch`` (K7, :func:`reinitialize_input_batch`).
-
-The tensor half (K8 allocation, aliasing, binding; K9; K10) is in :mod:`.kv_tensors`.
+Each stage declares the part of ``GPUModelRunner.initialize_kv_cache``
+(``vllm/v1/worker/gpu_model_runner.py``) it replaces and the vLLM functions it calls
+(``meta``: ``mirrors`` and ``calls``; ``initpipe doctor`` checks them against the installed
+vLLM). The tensor half (K8 allocation, aliasing, binding; K9; K10) is in :mod:`.kv_tensors`.
 
 The math is vLLM's: ``AttentionGroup``, ``prepare_kernel_block_sizes``,
 ``allocate_kv_cache``, ``bind_kv_cache``, ``add_kv_sharing_layers_to_kv_cache_groups``
@@ -52,6 +40,9 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.worker.utils import AttentionGroup
 
+#: The v1 runner whose methods the stages below replace (``meta["mirrors"]``).
+_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+
 __all__ = [
     "attention_groups",
     "cudagraph_mode",
@@ -77,7 +68,16 @@ def _uses_drafter_backend(vllm_config: VllmConfig) -> bool:
 
 
 # -- K1 / K2: the runner's working copy of the config ------------------------------------
-@stage(needs=KV)
+@stage(
+    needs=KV,
+    meta={
+        "mirrors": (f"{_RUNNER}.may_add_encoder_only_layers_to_kv_cache_config",),
+        "calls": (
+            "vllm.v1.kv_cache_interface:EncoderOnlyAttentionSpec",
+            "vllm.v1.kv_cache_interface:KVCacheGroupSpec",
+        ),
+    },
+)
 def encoder_only_kv_cache_group(
     vllm_config: VllmConfig,
     runner_settings: RunnerSettings,
@@ -246,7 +246,16 @@ def _check_tensor_fits(cfg: Any, tensor: Any, index: int, name: str, spec: Any) 
         )
 
 
-@stage(needs=KV)
+@stage(
+    needs=KV,
+    meta={
+        "mirrors": (
+            f"{_RUNNER}.initialize_kv_cache",
+            f"{_RUNNER}.maybe_add_kv_sharing_layers_to_kv_cache_groups",
+        ),
+        "calls": ("vllm.v1.worker.utils:add_kv_sharing_layers_to_kv_cache_groups",),
+    },
+)
 def runner_kv_cache_config(
     kv_cache_config: KVCacheConfig,
     attention_layers: Mapping[str, AttentionLayerBase],
@@ -285,7 +294,16 @@ def runner_kv_cache_config(
 
 
 # -- K3: attention groups and the cudagraph mode ---------------------------------------
-@stage(needs=KV)
+@stage(
+    needs=KV,
+    meta={
+        "mirrors": (f"{_RUNNER}.initialize_attn_backend",),
+        "calls": (
+            "vllm.v1.kv_cache_interface:UniformTypeKVCacheSpecs",
+            "vllm.v1.worker.utils:AttentionGroup",
+        ),
+    },
+)
 def attention_groups(
     runner_kv_cache_config: KVCacheConfig,
     attention_layers: Mapping[str, AttentionLayerBase],
@@ -319,6 +337,10 @@ def attention_groups(
 @stage(
     needs=KV,
     effects=("compilation_config.cudagraph_mode", "cudagraph_dispatcher keys"),
+    meta={
+        "mirrors": (f"{_RUNNER}._check_and_update_cudagraph_mode",),
+        "calls": ("vllm.v1.attention.backend:AttentionCGSupport",),
+    },
 )
 def cudagraph_mode(
     vllm_config: VllmConfig,
@@ -370,7 +392,18 @@ def cudagraph_mode(
 
 
 # -- K4 / K5: Mamba SSU and kernel block sizes --------------------------------------------
-@stage(needs=KV, after=("cudagraph_mode",), effects=("mamba ssu_dispatch globals",))
+@stage(
+    needs=KV,
+    after=("cudagraph_mode",),
+    effects=("mamba ssu_dispatch globals",),
+    meta={
+        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
+        "calls": (
+            "vllm.model_executor.layers.mamba.ops.ssu_dispatch:_mamba_ssu_backend",
+            "vllm.model_executor.layers.mamba.ops.ssu_dispatch:initialize_mamba_ssu_backend",
+        ),
+    },
+)
 def mamba_ssu_backend(vllm_config: VllmConfig, runner_kv_cache_config: KVCacheConfig) -> Any:
     """Pick the Mamba SSU backend (a module global in vLLM); no-op without Mamba layers.
 
@@ -388,7 +421,14 @@ def mamba_ssu_backend(vllm_config: VllmConfig, runner_kv_cache_config: KVCacheCo
     return ssu_dispatch._mamba_ssu_backend
 
 
-@stage(needs=KV, after=("mamba_ssu_backend",))
+@stage(
+    needs=KV,
+    after=("mamba_ssu_backend",),
+    meta={
+        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
+        "calls": ("vllm.v1.worker.utils:prepare_kernel_block_sizes",),
+    },
+)
 def kernel_block_sizes(
     runner_kv_cache_config: KVCacheConfig, attention_groups: list[list[AttentionGroup]]
 ) -> list[int]:
@@ -417,6 +457,12 @@ def _drop_builders(attn_groups: list[list[AttentionGroup]]) -> None:
     teardown=_drop_builders,
     after=("mamba_ssu_backend",),
     effects=("layer.isa (set by CPU_ATTN builders)",),
+    meta={
+        "mirrors": (
+            f"{_RUNNER}.initialize_metadata_builders",
+            f"{_RUNNER}._cleanup_profiling_kv_cache",
+        )
+    },
 )
 def metadata_builders(
     vllm_config: VllmConfig,
@@ -455,7 +501,10 @@ def metadata_builders(
     return out
 
 
-@stage(needs=KV)
+@stage(
+    needs=KV,
+    meta={"mirrors": (f"{_RUNNER}.calculate_reorder_batch_threshold",)},
+)
 def reorder_batch_threshold(attn_groups: list[list[AttentionGroup]]) -> int | None:
     """The smallest reorder threshold any builder asks for (None: no reordering).
 
@@ -469,7 +518,12 @@ def reorder_batch_threshold(attn_groups: list[list[AttentionGroup]]) -> int | No
     return min(present) if present else None
 
 
-@stage(needs=KV, after=("metadata_builders",), effects=("drafter attention groups",))
+@stage(
+    needs=KV,
+    after=("metadata_builders",),
+    effects=("drafter attention groups",),
+    meta={"mirrors": (f"{_RUNNER}.initialize_metadata_builders",)},
+)
 def drafter_attn_groups(
     vllm_config: VllmConfig,
     drafter: Any,
@@ -497,6 +551,15 @@ def drafter_attn_groups(
     needs=KV,
     provides=("input_batch", "input_batch_geometry"),
     after=("metadata_builders", "reorder_batch_threshold", "drafter_attn_groups"),
+    meta={
+        "mirrors": (f"{_RUNNER}.may_reinitialize_input_batch",),
+        "calls": (
+            "vllm.v1.kv_cache_interface:KVCacheSpecKind",
+            "vllm.v1.kv_cache_interface:get_kv_cache_spec_kind",
+            "vllm.v1.worker.block_table:SlotMappingMode",
+            "vllm.v1.worker.gpu_input_batch:InputBatch",
+        ),
+    },
 )
 def reinitialize_input_batch(
     vllm_config: VllmConfig,

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.worker.utils import AttentionGroup
 
+#: The v1 runner whose methods the stages below replace (``meta["mirrors"]``).
+_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+
 __all__ = [
     "allocated_kv_caches",
     "extract_hidden_states_check",
@@ -73,7 +76,21 @@ def _release_allocation(allocated_kv_caches: dict[str, Any]) -> None:
     torch.accelerator.empty_cache()
 
 
-@stage(needs=KV, teardown=_release_allocation, after=("reinitialize_input_batch",))
+@stage(
+    needs=KV,
+    teardown=_release_allocation,
+    after=("reinitialize_input_batch",),
+    meta={
+        "mirrors": (
+            f"{_RUNNER}.initialize_kv_cache_tensors",
+            f"{_RUNNER}._cleanup_profiling_kv_cache",
+        ),
+        "calls": (
+            "vllm.v1.kv_cache_layout:KVCacheLayout",
+            "vllm.v1.worker.utils:allocate_kv_cache",
+        ),
+    },
+)
 def allocated_kv_caches(
     vllm_config: VllmConfig,
     device: Any,
@@ -102,7 +119,16 @@ def _release_aliases(kv_caches: dict[str, Any]) -> None:
     kv_caches.clear()
 
 
-@stage(needs=KV, teardown=_release_aliases)
+@stage(
+    needs=KV,
+    teardown=_release_aliases,
+    meta={
+        "mirrors": (
+            f"{_RUNNER}.initialize_kv_cache_tensors",
+            f"{_RUNNER}._cleanup_profiling_kv_cache",
+        )
+    },
+)
 def kv_caches(
     allocated_kv_caches: Mapping[str, Any], shared_kv_cache_layers: Mapping[str, str]
 ) -> dict[str, Any]:
@@ -128,7 +154,20 @@ def _unbind_layers(runner_kv_caches: list[Any], vllm_config: VllmConfig) -> None
 
 
 @stage(
-    needs=KV, teardown=_unbind_layers, effects=("layer.kv_cache", "attn_group.kernel_block_stride")
+    needs=KV,
+    teardown=_unbind_layers,
+    effects=("layer.kv_cache", "attn_group.kernel_block_stride"),
+    meta={
+        "mirrors": (
+            f"{_RUNNER}.initialize_kv_cache_tensors",
+            f"{_RUNNER}._cleanup_profiling_kv_cache",
+        ),
+        "calls": (
+            "vllm.v1.worker.utils:bind_kv_cache",
+            "vllm.v1.worker.utils:clear_layer_kv_caches",
+            "vllm.v1.worker.utils:map_kv_caches_to_kernel_blocks",
+        ),
+    },
 )
 def runner_kv_caches(
     vllm_config: VllmConfig,
@@ -161,7 +200,11 @@ def runner_kv_caches(
     return runner_list
 
 
-@stage(needs=KV, after=("runner_kv_caches",))
+@stage(
+    needs=KV,
+    after=("runner_kv_caches",),
+    meta={"mirrors": (f"{_RUNNER}.initialize_kv_cache",)},
+)
 def extract_hidden_states_check(
     vllm_config: VllmConfig, drafter: Any, runner_kv_cache_config: KVCacheConfig
 ) -> bool:
@@ -177,6 +220,14 @@ def extract_hidden_states_check(
     needs=KV,
     effects=("kv_transfer_group registered caches",),
     after=("extract_hidden_states_check",),
+    meta={
+        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
+        "calls": (
+            "vllm.distributed.kv_transfer.kv_connector.utils:copy_kv_blocks",
+            "vllm.distributed.kv_transfer:get_kv_transfer_group",
+            "vllm.distributed.kv_transfer:has_kv_transfer_group",
+        ),
+    },
 )
 def kv_connector_registration(
     kv_caches: Mapping[str, Any], is_profiling: bool, runner_kv_caches: list[Any]
@@ -212,6 +263,14 @@ def _disarm_zeroer(kv_block_zeroer: Any) -> None:
     needs=KV,
     teardown=_disarm_zeroer,
     after=("kv_connector_registration",),
+    meta={
+        "mirrors": (
+            f"{_RUNNER}._init_kv_zero_meta",
+            "vllm.v1.worker.gpu_worker:Worker.initialize_from_config",
+            f"{_RUNNER}._cleanup_profiling_kv_cache",
+        ),
+        "calls": ("vllm.v1.worker.utils:KVBlockZeroer",),
+    },
 )
 def kv_block_zeroer(
     vllm_config: VllmConfig,

@@ -5,17 +5,10 @@ the loaded model (``compilation_config.static_forward_context`` is filled) and o
 ``cache_config.block_size`` — never on a ``KVCacheConfig``. Each stage is a plain function
 of named inputs; it returns its result instead of writing it onto the runner.
 
-Replaces, in ``vllm/v1/worker/gpu_model_runner.py`` (``GPUModelRunner``):
-
-- ``get_kv_cache_spec`` — split into :func:`attention_layers`, :func:`shared_kv_cache_layers`
-  (its hidden side effect, now an explicit output) and :func:`kv_cache_spec`;
-- the model-only halves of ``may_add_encoder_only_layers_to_kv_cache_config``
-  (:func:`encoder_only_layers`) and of ``maybe_add_kv_sharing_layers_to_kv_cache_groups``
-  (:func:`kv_sharing_fast_prefill_eligible_layers`, :func:`runner_only_attn_layers`);
-- the backend lookup and FastPrefill wrapping inside ``initialize_attn_backend``
-  (:func:`attn_backends`, created once and reused by every KV phase);
-- ``check_attention_cp_compatibility`` (``vllm/v1/worker/cp_utils.py``), called from
-  ``initialize_attn_backend`` (:func:`attention_cp_compatible`).
+What each stage replaces of vLLM (``GPUModelRunner.get_kv_cache_spec`` and its hidden side
+effect, the model-only halves of the encoder-only and KV-sharing additions, the backend
+lookup in ``initialize_attn_backend``) and what it calls is declared on it (``meta``:
+``mirrors`` and ``calls``; ``initpipe graph`` shows it, ``initpipe doctor`` checks it).
 
 When the phase runs (the block-size trap): vLLM fixes ``cache_config.block_size`` only
 *after* ``load_model`` returns — the executor calls
@@ -44,6 +37,9 @@ if TYPE_CHECKING:
     from vllm.v1.attention.backend import AttentionBackend
     from vllm.v1.kv_cache_interface import KVCacheSpec
 
+#: The v1 runner whose methods the stages below replace (``meta["mirrors"]``).
+_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+
 __all__ = [
     "attention_cp_compatible",
     "attention_layers",
@@ -63,7 +59,16 @@ def _kv_cache_disabled() -> bool:
     return bool(has_ec_transfer() and not get_ec_transfer().is_consumer)
 
 
-@stage(needs=MODEL)
+@stage(
+    needs=MODEL,
+    meta={
+        "mirrors": (f"{_RUNNER}.get_kv_cache_spec",),
+        "calls": (
+            "vllm.config:get_layers_from_vllm_config",
+            "vllm.model_executor.layers.attention_layer_base:AttentionLayerBase",
+        ),
+    },
+)
 def attention_layers(vllm_config: VllmConfig, model: Any) -> dict[str, AttentionLayerBase]:
     """Every attention-like layer the loaded model registered, in forward-context order.
 
@@ -82,7 +87,17 @@ def attention_layers(vllm_config: VllmConfig, model: Any) -> dict[str, Attention
     return dict(get_layers_from_vllm_config(vllm_config, base))
 
 
-@stage(needs=MODEL)
+@stage(
+    needs=MODEL,
+    meta={
+        "mirrors": (f"{_RUNNER}.get_kv_cache_spec",),
+        "calls": (
+            "vllm.distributed.ec_transfer:get_ec_transfer",
+            "vllm.distributed.ec_transfer:has_ec_transfer",
+            "vllm.model_executor.layers.attention:Attention",
+        ),
+    },
+)
 def shared_kv_cache_layers(attention_layers: Mapping[str, AttentionLayerBase]) -> dict[str, str]:
     """Map each cross-layer KV-sharing layer to the layer whose KV cache it reuses.
 
@@ -141,7 +156,18 @@ def check_sharing_target(
         )
 
 
-@stage(needs=MODEL)
+@stage(
+    needs=MODEL,
+    meta={
+        "mirrors": (f"{_RUNNER}.get_kv_cache_spec",),
+        "calls": (
+            "vllm.distributed.ec_transfer:get_ec_transfer",
+            "vllm.distributed.ec_transfer:has_ec_transfer",
+            "vllm.v1.kv_cache_interface:AttentionSpec",
+            "vllm.v1.worker.utils:customize_attention_spec",
+        ),
+    },
+)
 def kv_cache_spec(
     vllm_config: VllmConfig,
     attention_layers: Mapping[str, AttentionLayerBase],
@@ -169,7 +195,16 @@ def kv_cache_spec(
     return specs
 
 
-@stage(needs=MODEL)
+@stage(
+    needs=MODEL,
+    meta={
+        "mirrors": (f"{_RUNNER}.may_add_encoder_only_layers_to_kv_cache_config",),
+        "calls": (
+            "vllm.model_executor.layers.attention:Attention",
+            "vllm.v1.attention.backend:AttentionType",
+        ),
+    },
+)
 def encoder_only_layers(attention_layers: Mapping[str, AttentionLayerBase]) -> tuple[str, ...]:
     """Names of the ``ENCODER_ONLY`` attention layers (they get a runner-made KV group)."""
     from vllm.model_executor.layers.attention import Attention
@@ -182,7 +217,13 @@ def encoder_only_layers(attention_layers: Mapping[str, AttentionLayerBase]) -> t
     )
 
 
-@stage(needs=MODEL)
+@stage(
+    needs=MODEL,
+    meta={
+        "mirrors": (f"{_RUNNER}.maybe_add_kv_sharing_layers_to_kv_cache_groups",),
+        "calls": ("vllm.model_executor.layers.attention:Attention",),
+    },
+)
 def kv_sharing_fast_prefill_eligible_layers(
     vllm_config: VllmConfig,
     attention_layers: Mapping[str, AttentionLayerBase],
@@ -206,7 +247,15 @@ def kv_sharing_fast_prefill_eligible_layers(
     return frozenset(eligible)
 
 
-@stage(needs=MODEL)
+@stage(
+    needs=MODEL,
+    meta={
+        "mirrors": (
+            f"{_RUNNER}.may_add_encoder_only_layers_to_kv_cache_config",
+            f"{_RUNNER}.maybe_add_kv_sharing_layers_to_kv_cache_groups",
+        )
+    },
+)
 def runner_only_attn_layers(
     encoder_only_layers: tuple[str, ...], shared_kv_cache_layers: Mapping[str, str]
 ) -> frozenset[str]:
@@ -218,7 +267,13 @@ def runner_only_attn_layers(
     return frozenset(encoder_only_layers) | frozenset(shared_kv_cache_layers)
 
 
-@stage(needs=MODEL)
+@stage(
+    needs=MODEL,
+    meta={
+        "mirrors": (f"{_RUNNER}.initialize_attn_backend",),
+        "calls": ("vllm.v1.attention.backends.utils:create_fast_prefill_custom_backend",),
+    },
+)
 def attn_backends(
     attention_layers: Mapping[str, AttentionLayerBase],
     kv_sharing_fast_prefill_eligible_layers: frozenset[str],
@@ -244,7 +299,13 @@ def attn_backends(
     return backends
 
 
-@stage(needs=MODEL)
+@stage(
+    needs=MODEL,
+    meta={
+        "mirrors": (f"{_RUNNER}.initialize_attn_backend",),
+        "calls": ("vllm.v1.worker.cp_utils:check_attention_cp_compatibility",),
+    },
+)
 def attention_cp_compatible(
     vllm_config: VllmConfig, attention_layers: Mapping[str, AttentionLayerBase]
 ) -> bool:

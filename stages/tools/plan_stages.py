@@ -4,20 +4,14 @@ What belongs here: the steps the *engine* (not the runner) runs between ``load_m
 ``initialize_kv_cache``, rebuilt as initpipe stages so :mod:`.plan` can replay them around
 the catalog's own model and KV phases on the meta device. Nothing here allocates.
 
-Replaces, for planning only:
-
-- ``current_platform.update_block_size_for_backend`` called by the executor after
-  ``load_model`` (``vllm/v1/executor/uniproc_executor.py``; rules in
-  ``vllm/platforms/interface.py`` ``Platform.update_block_size_for_backend``) —
-  :func:`planned_block_size`, ordered before the catalog's ``kv_cache_spec``;
-- the layout resolution in ``EngineCore._initialize_kv_caches`` (``vllm/v1/engine/core.py``):
-  ``get_supported_kv_cache_layouts`` (``WorkerBase.get_supported_kv_cache_layouts``) and
-  ``resolve_kv_cache_layout`` (``vllm/v1/attention/backends/utils.py``) —
-  :func:`kv_cache_layout`;
-- ``get_kv_cache_configs`` (``vllm/v1/core/kv_cache_utils.py``) with
-  ``num_gpu_blocks_override`` or an explicit KV byte budget instead of memory profiling,
-  plus the ``max_model_len`` the engine hands back to workers (``update_max_model_len``) —
-  :func:`engine_kv_cache_config`.
+For planning only, they stand in for: the executor's
+``current_platform.update_block_size_for_backend`` after ``load_model``
+(:func:`planned_block_size`, ordered before the catalog's ``kv_cache_spec``); the layout
+resolution in ``EngineCore._initialize_kv_caches`` (:func:`kv_cache_layout`); and
+``get_kv_cache_configs`` with ``num_gpu_blocks_override`` or an explicit KV byte budget
+instead of memory profiling, plus the ``max_model_len`` the engine hands back to workers
+(:func:`engine_kv_cache_config`). The exact vLLM names are declared on each stage
+(``meta``: ``mirrors`` and ``calls``).
 
 torch and vllm are imported inside the stage bodies only.
 """
@@ -73,6 +67,16 @@ def _restore_block_size(choice: BlockSizeChoice, vllm_config: VllmConfig) -> Non
     before=("kv_cache_spec",),
     teardown=_restore_block_size,
     effects=("cache_config.block_size",),
+    meta={
+        "mirrors": (
+            "vllm.platforms.interface:Platform.update_block_size_for_backend",
+            "vllm.v1.executor.uniproc_executor:UniProcExecutor._init_executor",
+        ),
+        "calls": (
+            "vllm.config.cache:CacheConfig",
+            "vllm.platforms:current_platform",
+        ),
+    },
 )
 def planned_block_size(
     vllm_config: VllmConfig, target_platform: Any, attention_layers: Mapping[str, Any]
@@ -113,7 +117,18 @@ def _forget_layout(layout: Any, vllm_config: VllmConfig) -> None:
     vllm_config.cache_config.kv_cache_layout = None
 
 
-@stage(needs="model", teardown=_forget_layout, effects=("cache_config.kv_cache_layout",))
+@stage(
+    needs="model",
+    teardown=_forget_layout,
+    effects=("cache_config.kv_cache_layout",),
+    meta={
+        "mirrors": ("vllm.v1.engine.core:EngineCore._initialize_kv_caches",),
+        "calls": (
+            "vllm.v1.attention.backends.utils:get_supported_kv_cache_layouts",
+            "vllm.v1.attention.backends.utils:resolve_kv_cache_layout",
+        ),
+    },
+)
 def kv_cache_layout(
     vllm_config: VllmConfig,
     attn_backends: Mapping[str, type[AttentionBackend]],
@@ -141,6 +156,13 @@ def kv_cache_layout(
     needs="kv_cache_config",
     provides=("kv_cache_config", "max_model_len"),
     effects=("model_config.max_model_len (only when auto-fit, max_model_len=-1)",),
+    meta={
+        "mirrors": ("vllm.v1.engine.core:EngineCore._initialize_kv_caches",),
+        "calls": (
+            "vllm.v1.core.kv_cache_utils:get_kv_cache_configs",
+            "vllm.v1.core.single_type_kv_cache_manager:register_all_kvcache_specs",
+        ),
+    },
 )
 def engine_kv_cache_config(
     vllm_config: VllmConfig,
