@@ -14,6 +14,7 @@ import functools
 from http import HTTPStatus
 from typing import Any
 
+from ..contract.declare import vllm_uses
 from ..errors import KVCacheReleasedError, ResizeRefusedError
 from .engine import INFO_METHOD, PLUGIN_NAME, RESIZE_METHOD, error_from_dict, install
 from .report import KVCacheInfo, ResizeReport
@@ -72,6 +73,10 @@ def _engine(llm: Any) -> Any:
     return engine
 
 
+@vllm_uses(
+    "resize",
+    calls=("vllm.v1.engine.core_client:InprocClient.engine_core",),
+)
 def _inproc_core(engine: Any) -> Any | None:
     """The ``EngineCore`` object when it runs in this process, else None."""
     client = engine.engine_core
@@ -80,6 +85,13 @@ def _inproc_core(engine: Any) -> Any | None:
     return None
 
 
+@vllm_uses(
+    "resize",
+    calls=(
+        "vllm.v1.engine.core_client:SyncMPClient.call_utility",
+        "vllm.v1.engine.core_client:AsyncMPClient.call_utility_async",
+    ),
+)
 def _client(engine: Any, *, is_async: bool) -> Any:
     client = engine.engine_core
     if type(client).__name__ in ("DPLBAsyncMPClient", "DPAsyncMPClient"):
@@ -115,6 +127,10 @@ def _plugin_missing(err: BaseException) -> ResizeRefusedError | None:
     )
 
 
+@vllm_uses(
+    "resize",
+    calls=("vllm.exceptions:GracefulHTTPError",),
+)
 @functools.cache
 def _released_class() -> type[KVCacheReleasedError]:
     from vllm.exceptions import GracefulHTTPError

@@ -35,6 +35,7 @@ from typing import Any, NoReturn
 
 import attrs
 
+from ..contract.declare import vllm_uses
 from ..errors import ResizeError, ResizeRefusedError
 from ..hook import PIPELINED_WORKER
 from ..hook.worker import SUPPORTED_VLLM
@@ -203,6 +204,10 @@ def _workers_apart(core: Any) -> bool:
     return type(core.model_executor).__name__ != "UniProcExecutor"
 
 
+@vllm_uses(
+    "resize",
+    calls=("vllm.v1.engine.core:EngineCore.collective_rpc",),
+)
 def _rpc(core: Any, func: Callable[..., Any], *args: Any) -> list[dict[str, Any]]:
     return list(core.model_executor.collective_rpc(func, args=args))
 
@@ -313,6 +318,14 @@ def prepare(
     return _Prepared(statuses, before, old, new, num_blocks, time.perf_counter() - start)
 
 
+@vllm_uses(
+    "resize",
+    calls=(
+        "vllm.v1.core.sched.interface:PauseState",
+        "vllm.v1.core.sched.scheduler:Scheduler.set_pause_state",
+        "vllm.v1.core.sched.scheduler:Scheduler.pause_state",
+    ),
+)
 def resize(
     core: Any,
     action: str,
@@ -573,6 +586,11 @@ def _in_own_process(core: Any) -> bool:
     return hasattr(core, "output_queue") and hasattr(core, "_idle_state_callbacks")
 
 
+@vllm_uses(
+    "resize",
+    mirrors=("vllm.v1.engine.core:EngineCore.add_request",),
+    calls=("vllm.v1.engine.core:EngineCoreProc._send_error_outputs_to_client",),
+)
 def _refuse_adds_while_released(core: Any) -> None:
     """In its own process, an engine core whose KV cache is released finishes every new
     request at once with an error output (another frontend, or one that skipped the API's
@@ -601,6 +619,10 @@ def _busy_refusal(running: str, action: str) -> ResizeRefusedError:
     )
 
 
+@vllm_uses(
+    "resize",
+    calls=("vllm.v1.engine.core:EngineCoreProc.pause_scheduler",),
+)
 def _resize_method(
     self: Any,
     action: str,
@@ -685,6 +707,11 @@ def _info_method(self: Any) -> dict[str, Any]:
     return kv_info(self).to_dict()
 
 
+@vllm_uses(
+    "resize",
+    mirrors=("vllm.v1.engine.core:EngineCoreProc._handle_client_request",),
+    calls=("vllm.v1.engine.core:EngineCore",),
+)
 @functools.cache
 def install() -> None:
     """Add the resize utility methods to vLLM's ``EngineCore`` (idempotent). They change

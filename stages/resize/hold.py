@@ -33,6 +33,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..contract.declare import vllm_uses
+
 __all__ = ["ENV_HOLD", "UNTIL_PAUSE", "held", "install", "install_from_env"]
 
 #: The variable naming the hold file (read in the engine core's process at start).
@@ -43,6 +45,10 @@ UNTIL_PAUSE = "until-pause"
 _IDLE_S = 0.002
 
 
+@vllm_uses(
+    "resize",
+    calls=("vllm.v1.core.sched.interface:PauseState",),
+)
 def held(core: Any, path: str | os.PathLike[str]) -> bool:
     """Whether ``core``'s next step is held by the file at ``path`` (see the module)."""
     try:
@@ -59,6 +65,11 @@ def held(core: Any, path: str | os.PathLike[str]) -> bool:
     return len(sched.waiting) == 0 and all(r.num_output_tokens > 0 for r in sched.running)
 
 
+@vllm_uses(
+    "resize",
+    mirrors=("vllm.v1.engine.core:EngineCoreProc._process_engine_step",),
+    calls=("vllm.v1.engine.core:EngineCoreProc",),
+)
 @functools.cache
 def install(path: str) -> None:
     """Wrap ``EngineCoreProc._process_engine_step`` so :func:`held` skips steps (idempotent

@@ -36,6 +36,8 @@ import traceback
 from collections.abc import Iterator
 from typing import Any
 
+from ..contract.declare import vllm_uses
+
 __all__ = [
     "freeze_startup_heap",
     "rank_initialize",
@@ -110,6 +112,10 @@ def _failure(rank: int, err: BaseException, step: str) -> dict[str, Any]:
     }
 
 
+@vllm_uses(
+    "resize",
+    calls=("vllm.utils.cpu_resource_utils:get_allowed_cpu_list",),
+)
 @functools.cache
 def _numa_node() -> int:
     """This worker's NUMA node, as vLLM's CPU worker finds it (``lscpu``: once a process)."""
@@ -118,6 +124,13 @@ def _numa_node() -> int:
     return int(get_allowed_cpu_list()[0].numa_node)
 
 
+@vllm_uses(
+    "resize",
+    calls=(
+        "vllm.platforms:current_platform",
+        "vllm.utils.cpu_resource_utils:get_memory_node_info",
+    ),
+)
 def _available_memory(worker: Any) -> int | None:
     """Memory a new KV cache could take on this rank, read as vLLM's worker reads it."""
     from vllm.platforms import current_platform
@@ -198,6 +211,10 @@ def rank_teardown(wrapper: Any) -> dict[str, Any]:
         return _failure(rank, err, "teardown")
 
 
+@vllm_uses(
+    "resize",
+    calls=("vllm.config:set_current_vllm_config",),
+)
 @contextlib.contextmanager
 def _vllm_config(worker: Any) -> Iterator[None]:
     from vllm.config import set_current_vllm_config
@@ -206,6 +223,10 @@ def _vllm_config(worker: Any) -> Iterator[None]:
         yield
 
 
+@vllm_uses(
+    "resize",
+    calls=("vllm.v1.worker.gpu_worker:Worker.initialize_from_config",),
+)
 def rank_initialize(wrapper: Any, kv_cache_configs: list[Any]) -> dict[str, Any]:
     """Run this rank's KV phase for its config, through vLLM's ``initialize_from_config``.
 
@@ -237,6 +258,15 @@ def rank_initialize(wrapper: Any, kv_cache_configs: list[Any]) -> dict[str, Any]
         return status
 
 
+@vllm_uses(
+    "resize",
+    calls=(
+        "vllm.platforms:current_platform",
+        "vllm.v1.worker.workspace:is_workspace_manager_initialized",
+        "vllm.v1.worker.workspace:lock_workspace",
+        "vllm.v1.worker.workspace:unlock_workspace",
+    ),
+)
 @contextlib.contextmanager
 def _workspace_unlocked() -> Iterator[None]:
     """GPU: vLLM's workspace unlocked around a re-capture (the builders' buffers may grow
@@ -262,6 +292,10 @@ def _workspace_unlocked() -> Iterator[None]:
         lock_workspace()
 
 
+@vllm_uses(
+    "resize",
+    calls=("vllm.v1.worker.gpu_worker:Worker.compile_or_warm_up_model",),
+)
 def rank_warm_up(wrapper: Any) -> dict[str, Any]:
     """vLLM's warm-up after a new KV cache (on GPU: re-capture the CUDA graphs)."""
     worker, rank = _worker(wrapper)

@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from ..contract.declare import vllm_uses
 from ..errors import ResizeRefusedError
 
 __all__ = ["Plan", "plan", "plan_or_explain", "rebuild_scheduler_kv", "refuse"]
@@ -48,6 +49,16 @@ class Plan:
         return tuple(sum(int(t.size) for t in c.kv_cache_tensors) for c in self.worker_configs)
 
 
+@vllm_uses(
+    "resize",
+    mirrors=("vllm.v1.engine.core:EngineCore._initialize_kv_caches",),
+    calls=(
+        "vllm.v1.core.kv_cache_utils:generate_scheduler_kv_cache_config",
+        "vllm.v1.core.kv_cache_utils:get_kv_cache_configs",
+        "vllm.v1.core.kv_cache_utils:resolve_cache_hit_alignment_tokens",
+        "vllm.v1.core.kv_cache_utils:resolve_kv_cache_block_sizes",
+    ),
+)
 def plan(
     core: Any, *, num_blocks: int | None = None, kv_cache_memory_bytes: int | None = None
 ) -> Plan:
@@ -174,6 +185,16 @@ def plan_or_explain(
 
 
 # -- the scheduler ------------------------------------------------------------------------
+@vllm_uses(
+    "resize",
+    mirrors=("vllm.v1.core.sched.scheduler:Scheduler.__init__",),
+    calls=(
+        "vllm.utils.math_utils:cdiv",
+        "vllm.v1.core.kv_cache_manager:KVCacheManager",
+        "vllm.v1.core.kv_cache_utils:update_kv_cache_capacity",
+        "vllm.v1.kv_cache_interface:MambaSpec",
+    ),
+)
 def rebuild_scheduler_kv(core: Any, new: Plan) -> None:
     """Give the scheduler a new ``KVCacheManager`` for ``new``; recompute what derives from
     the KV config, exactly as ``Scheduler.__init__`` (vLLM 0.32.0) does; re-bind the

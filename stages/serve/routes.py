@@ -41,6 +41,7 @@ from typing import Any
 
 import attrs
 
+from ..contract.declare import vllm_uses
 from ..errors import ResizeError, ResizeRefusedError
 from ..resize import (
     kv_cache_info_async,
@@ -124,6 +125,10 @@ ROUTES: dict[str, _Route] = {
 
 
 # -- authorization ------------------------------------------------------------------------
+@vllm_uses(
+    "serve",
+    calls=("vllm.envs:VLLM_API_KEY",),
+)
 def api_keys(state: Any) -> list[str]:
     """The server's API keys, chosen as vLLM's own ``init_entrypoints_middleware`` does:
     ``--api-key`` (one or more), else ``VLLM_API_KEY``; empty values ignored."""
@@ -135,6 +140,10 @@ def api_keys(state: Any) -> list[str]:
     return [key for key in (given or [envs.VLLM_API_KEY]) if key]
 
 
+@vllm_uses(
+    "serve",
+    calls=("vllm.entrypoints.serve.middleware.authenticate:AuthenticationMiddleware",),
+)
 @functools.lru_cache(maxsize=4)
 def _verifier(keys: tuple[str, ...]) -> Any:
     # vLLM's own check (sha256 digests, constant-time compare, "Bearer" scheme), so the

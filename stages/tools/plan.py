@@ -71,6 +71,7 @@ import attrs
 
 from initpipe import KV, MODEL, Pipeline
 
+from ..contract.declare import vllm_uses
 from .plan_meta import (
     ASSUMED_CAPABILITY,
     engine_config,
@@ -237,6 +238,13 @@ def planning_pipeline() -> Pipeline:
 
 
 # -- plan -----------------------------------------------------------------------------------
+@vllm_uses(
+    "plan",
+    calls=(
+        "vllm.config:set_current_vllm_config",
+        "vllm.platforms:current_platform",
+    ),
+)
 def plan(
     model_dir: str | os.PathLike[str],
     num_blocks: int | None = None,
@@ -417,6 +425,10 @@ def _platform_backend(model_out: Any) -> str:
     return "/".join(names) or "none"
 
 
+@vllm_uses(
+    "plan",
+    calls=("vllm.v1.kv_cache_interface:UniformTypeKVCacheSpecs",),
+)
 def _read_plan(
     cfg: Any, model_dir: str, backend: str, model_out: Any, out: Any, platform: Any
 ) -> Plan:

@@ -86,7 +86,8 @@ def _is_module(dotted: str) -> bool:
 
 def _with_helpers(module: str, roots: list[ast.AST]) -> Iterator[ast.AST]:
     """The roots and every helper of ``module`` they use, transitively: a module-level
-    function that is not a stage (a stage's input is often named like the stage)."""
+    function that is not a stage (a stage's input is often named like the stage) and
+    declares nothing itself (a declared helper answers for its own body)."""
     from initpipe import is_stage
 
     mod = sys.modules[module]
@@ -94,6 +95,7 @@ def _with_helpers(module: str, roots: list[ast.AST]) -> Iterator[ast.AST]:
         name: node
         for name, node in _top_functions(_module_tree(module)).items()
         if not is_stage(getattr(mod, name, None))
+        and not hasattr(getattr(mod, name, None), "__initpipe_vllm_uses__")
     }
     seen: set[str] = set()
     todo = list(roots)
