@@ -15,7 +15,9 @@ resolved mode. Where stock's order is not implied by data, ordering-only edges
 (``after=``) keep it (e.g. the Mamba SSU backend, a process global, is selected after the
 microbatch runner and before the mode is resolved, as in stock).
 
-vLLM's building blocks are called whole: ``init_attn_backend``, ``BlockTables``,
+Each stage declares the part of ``initialize_kv_cache`` it replaces and the vLLM names it
+calls (``meta``: ``mirrors`` and ``calls``, shown by ``initpipe graph``). vLLM's building
+blocks are called whole: ``init_attn_backend``, ``BlockTables``,
 ``maybe_build_pcp_manager``, ``maybe_build_ubatch_runner``, ``initialize_mamba_ssu_backend``,
 ``resolve_cudagraph_mode_and_sizes``, ``ModelCudaGraphManager``, ``FastPrefillHelper``,
 ``check_attention_cp_compatibility``. torch and vllm are imported inside stage bodies only.
@@ -33,6 +35,14 @@ from .types import BlockTableGeometry, RunnerV2Settings
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import KVCacheConfig
+
+#: MRv2's runner, whose ``initialize_kv_cache`` the stages below replace
+#: (``meta["mirrors"]``), and the vLLM modules and classes they call into.
+_RUNNER = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
+_ATTN = "vllm.v1.worker.gpu.attn_utils"
+_DRAFT = "vllm.v1.worker.gpu.spec_decode.speculator:DraftModelSpeculator"
+_MODEL_STATE = "vllm.v1.worker.gpu.model_states.interface:ModelState"
+_JIT_ACTIVATE = "vllm.model_executor.warmup.jit_warmup:JitWarmupRegistry.activate"
 
 __all__ = [
     "adaptive_verification",
@@ -57,7 +67,20 @@ def _draft_speculator(speculator: Any) -> bool:
     return isinstance(speculator, DraftModelSpeculator)
 
 
-@stage(needs=KV)
+@stage(
+    needs=KV,
+    meta={
+        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
+        "calls": (
+            "vllm.v1.kv_cache_interface:UniformTypeKVCacheSpecs",
+            "vllm.v1.kv_cache_interface:UniformTypeKVCacheSpecs.first_spec",
+            "vllm.v1.kv_cache_interface:KVCacheSpec.uses_slot_mapping",
+            "vllm.v1.kv_cache_interface:KVCacheSpec.max_num_blocks_per_req",
+            "vllm.v1.kv_cache_interface:KVCacheSpec.block_table_token_alignment",
+            "vllm.v1.worker.block_table:get_block_table_width",
+        ),
+    },
+)
 def block_table_geometry(
     vllm_config: VllmConfig,
     kv_cache_config: KVCacheConfig,
@@ -101,7 +124,17 @@ def block_table_geometry(
     )
 
 
-@stage(needs=KV, provides=("target_attn_layer_names", "draft_attn_layer_names"))
+@stage(
+    needs=KV,
+    provides=("target_attn_layer_names", "draft_attn_layer_names"),
+    meta={
+        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
+        "calls": (
+            _DRAFT,
+            f"{_DRAFT}.draft_attn_layer_names",
+        ),
+    },
+)
 def speculator_layer_names(speculator: Any, kv_cache_config: KVCacheConfig) -> dict[str, Any]:
     """With a draft-model speculator: the target's and the draft's attention layer names.
 
@@ -118,6 +151,13 @@ def speculator_layer_names(speculator: Any, kv_cache_config: KVCacheConfig) -> d
 @stage(
     needs=KV,
     provides=("runner_kv_cache_config", "attn_groups", "backend_cg_support", "kernel_block_sizes"),
+    meta={
+        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
+        "calls": (
+            f"{_ATTN}:init_attn_backend",
+            _JIT_ACTIVATE,
+        ),
+    },
 )
 def attn_backend(
     vllm_config: VllmConfig,
@@ -148,14 +188,36 @@ def attn_backend(
     }
 
 
-@stage(needs=KV)
+@stage(
+    needs=KV,
+    meta={
+        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
+        "calls": (
+            f"{_ATTN}:AttentionCGSupportInfo.narrow",
+            f"{_MODEL_STATE}.get_additional_cg_support",
+        ),
+    },
+)
 def attn_cg_support(backend_cg_support: Any, model_state: Any) -> Any:
     """The backends' CUDA-graph support narrowed by the model state's own attention
     groups (e.g. encoder-only layers built outside ``init_attn_backend``)."""
     return backend_cg_support.narrow(*model_state.get_additional_cg_support())
 
 
-@stage(needs=KV)
+@stage(
+    needs=KV,
+    meta={
+        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
+        "calls": (
+            "vllm.v1.worker.gpu.spec_decode.adaptive_verification:maybe_create_adaptive_verification_manager",
+            "vllm.v1.worker.gpu.spec_decode.rejection_sampler:get_max_chunk_logits",
+            f"{_DRAFT}.enable_adaptive_verification",
+            "vllm.v1.worker.gpu.input_batch:InputBuffers.query_start_loc",
+            f"{_MODEL_STATE}.num_new_sampled_tokens_per_step",
+            f"{_MODEL_STATE}.get_additional_cg_support",
+        ),
+    },
+)
 def adaptive_verification(
     vllm_config: VllmConfig,
     speculator: Any,
@@ -185,7 +247,14 @@ def adaptive_verification(
     )
 
 
-@stage(needs=KV, after=("adaptive_verification",))
+@stage(
+    needs=KV,
+    after=("adaptive_verification",),
+    meta={
+        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
+        "calls": ("vllm.v1.worker.gpu.block_table:BlockTables",),
+    },
+)
 def block_tables(
     device: Any, block_table_geometry: BlockTableGeometry, runner_settings: RunnerV2Settings
 ) -> Any:
@@ -212,7 +281,18 @@ def _unset_speculator_pcp(pcp_manager: Any, speculator: Any) -> None:
         speculator.pcp_manager = None
 
 
-@stage(needs=KV, teardown=_unset_speculator_pcp, effects=("speculator.pcp_manager",))
+@stage(
+    needs=KV,
+    teardown=_unset_speculator_pcp,
+    effects=("speculator.pcp_manager",),
+    meta={
+        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
+        "calls": (
+            "vllm.v1.worker.gpu.pcp_manager:maybe_build_pcp_manager",
+            f"{_DRAFT}.pcp_manager",
+        ),
+    },
+)
 def pcp_manager(
     vllm_config: VllmConfig,
     device: Any,
@@ -239,7 +319,13 @@ def pcp_manager(
     return manager
 
 
-@stage(needs=KV)
+@stage(
+    needs=KV,
+    meta={
+        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
+        "calls": ("vllm.v1.worker.gpu.ubatch_utils:maybe_build_ubatch_runner",),
+    },
+)
 def ubatch_runner(
     vllm_config: VllmConfig,
     device: Any,
@@ -268,6 +354,13 @@ def ubatch_runner(
     needs=KV,
     after=("pcp_manager", "ubatch_runner"),
     effects=("mamba ssu_dispatch globals",),
+    meta={
+        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
+        "calls": (
+            "vllm.model_executor.layers.mamba.ops.ssu_dispatch:initialize_mamba_ssu_backend",
+            "vllm.model_executor.layers.mamba.ops.ssu_dispatch:_mamba_ssu_backend",
+        ),
+    },
 )
 def mamba_ssu_backend(vllm_config: VllmConfig, runner_kv_cache_config: KVCacheConfig) -> Any:
     """Pick the Mamba SSU backend (a module global in vLLM); no-op without Mamba layers.
@@ -289,6 +382,18 @@ def mamba_ssu_backend(vllm_config: VllmConfig, runner_kv_cache_config: KVCacheCo
     needs=KV,
     after=("mamba_ssu_backend",),
     effects=("compilation_config.cudagraph_mode", "compilation_config capture sizes"),
+    meta={
+        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
+        "calls": (
+            "vllm.envs:VLLM_USE_BREAKABLE_CUDAGRAPH",
+            "vllm.v1.worker.gpu.cudagraph_utils:has_compiled_submodule",
+            "vllm.v1.worker.gpu.spec_decode.adaptive_verification:resolve_adaptive_cudagraph_mode",
+            "vllm.config.compilation:CompilationConfig.cudagraph_mode",
+            "vllm.config.compilation:CompilationConfig.resolve_cudagraph_mode_and_sizes",
+            f"{_ATTN}:AttentionCGSupportInfo.min_cg_support",
+            f"{_ATTN}:AttentionCGSupportInfo.min_cg_attn_backend",
+        ),
+    },
 )
 def cudagraph_mode(
     vllm_config: VllmConfig,
@@ -330,7 +435,13 @@ def cudagraph_mode(
     )
 
 
-@stage(needs=KV)
+@stage(
+    needs=KV,
+    meta={
+        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
+        "calls": ("vllm.v1.worker.gpu.cudagraph_utils:ModelCudaGraphManager",),
+    },
+)
 def cudagraph_manager(
     vllm_config: VllmConfig,
     device: Any,
@@ -358,7 +469,13 @@ def cudagraph_manager(
     )
 
 
-@stage(needs=KV)
+@stage(
+    needs=KV,
+    meta={
+        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
+        "calls": (f"{_ATTN}:FastPrefillHelper",),
+    },
+)
 def fast_prefill(
     vllm_config: VllmConfig,
     cudagraph_manager: Any,
@@ -373,7 +490,14 @@ def fast_prefill(
     return FastPrefillHelper(cudagraph_manager, runner_settings.max_num_tokens)
 
 
-@stage(needs=KV, after=("fast_prefill",))
+@stage(
+    needs=KV,
+    after=("fast_prefill",),
+    meta={
+        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
+        "calls": ("vllm.v1.worker.cp_utils:check_attention_cp_compatibility",),
+    },
+)
 def attention_cp_compatible(vllm_config: VllmConfig, target_attn_layer_names: Any) -> bool:
     """vLLM's ``check_attention_cp_compatibility`` over the target's layers (True, or its
     AssertionError)."""

@@ -11,8 +11,10 @@ zeroer ``Worker.initialize_from_config`` builds right after (``_init_kv_zero_met
 Teardowns run in reverse and undo what MRv2's ``_teardown_profiling_state``
 (``vllm/v1/worker/gpu/cudagraph_utils.py``) undoes: the model state's Mamba KV state, the
 layers' ``kv_cache`` bindings (forward context and model modules), the KV views; the
-runner's own references are dropped by the adapter. torch and vllm are imported inside
-stage bodies only.
+runner's own references are dropped by the adapter. Each stage declares what it replaces
+(``meta["mirrors"]``: ``initialize_kv_cache``, ``_init_kv_zero_meta``, and for a teardown
+``_teardown_profiling_state``) and the vLLM names it calls (``meta["calls"]``), shown by
+``initpipe graph``. torch and vllm are imported inside stage bodies only.
 """
 
 from __future__ import annotations
@@ -26,6 +28,15 @@ from initpipe import KV, stage
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import KVCacheConfig
+
+#: MRv2's runner, whose ``initialize_kv_cache`` / ``_init_kv_zero_meta`` the stages below
+#: replace (``meta["mirrors"]``); the teardowns reproduce pieces of ``_TEARDOWN``.
+_RUNNER = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
+_TEARDOWN = "vllm.v1.worker.gpu.cudagraph_utils:_teardown_profiling_state"
+_DRAFT = "vllm.v1.worker.gpu.spec_decode.speculator:DraftModelSpeculator"
+_MAMBA_STATE = "vllm.v1.worker.gpu.model_states.mamba_hybrid:MambaHybridModelState"
+_ZEROER = "vllm.v1.worker.utils:KVBlockZeroer"
+_FORWARD_CONTEXT = "vllm.config.compilation:CompilationConfig.static_forward_context"
 
 __all__ = [
     "aux_output_connector",
@@ -49,6 +60,13 @@ def _draft_speculator(speculator: Any) -> bool:
     needs=KV,
     after=("attention_cp_compatible",),
     effects=("speculator attention groups, block tables and buffers (set_attn)",),
+    meta={
+        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
+        "calls": (
+            _DRAFT,
+            f"{_DRAFT}.set_attn",
+        ),
+    },
 )
 def speculator_attn(
     speculator: Any,
@@ -75,6 +93,12 @@ def speculator_attn(
     needs=KV,
     after=("speculator_attn",),
     effects=("speculator CUDA-graph managers",),
+    meta={
+        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
+        "calls": (
+            "vllm.v1.worker.gpu.spec_decode.speculator:BaseSpeculator.init_cudagraph_manager",
+        ),
+    },
 )
 def speculator_cudagraph_manager(speculator: Any, cudagraph_mode: Any) -> bool:
     """The speculator sizes its CUDA-graph managers to the resolved mode (after ``set_attn``).
@@ -110,6 +134,20 @@ def _unbind_layers(kv_caches_by_layer: dict[str, Any], vllm_config: VllmConfig, 
     after=("speculator_cudagraph_manager",),
     teardown=_unbind_layers,
     effects=("layer.kv_cache", "attn_group kernel block views"),
+    meta={
+        "mirrors": (
+            f"{_RUNNER}.initialize_kv_cache",
+            _TEARDOWN,
+        ),
+        "calls": (
+            "vllm.v1.worker.gpu.attn_utils:init_kv_cache",
+            "vllm.model_executor.warmup.jit_warmup:JitWarmupRegistry.activate",
+            f"{_DRAFT}.attn_groups",
+            _FORWARD_CONTEXT,
+            "vllm.v1.worker.utils:clear_layer_kv_caches",
+            "vllm.v1.hisparse.binding:release_hisparse_profiling_cache",
+        ),
+    },
 )
 def kv_caches_by_layer(
     vllm_config: VllmConfig,
@@ -151,7 +189,17 @@ def _drop_list(runner_kv_caches: list[Any]) -> None:
     runner_kv_caches.clear()
 
 
-@stage(needs=KV, teardown=_drop_list)
+@stage(
+    needs=KV,
+    teardown=_drop_list,
+    meta={
+        "mirrors": (
+            f"{_RUNNER}.initialize_kv_cache",
+            _TEARDOWN,
+        ),
+        "calls": (),
+    },
+)
 def runner_kv_caches(kv_caches_by_layer: Mapping[str, Any], device: Any) -> list[Any]:
     """The runner's ``kv_caches``: every view on this device, in layer order (aliases kept,
     as stock keeps them)."""
@@ -174,6 +222,18 @@ def _clear_model_state_kv(model_state_kv: bool, model_state: Any) -> None:
     after=("runner_kv_caches",),
     teardown=_clear_model_state_kv,
     effects=("model_state KV state (Mamba context, group ids)",),
+    meta={
+        "mirrors": (
+            f"{_RUNNER}.initialize_kv_cache",
+            _TEARDOWN,
+        ),
+        "calls": (
+            "vllm.v1.worker.gpu.model_states.interface:ModelState.initialize_kv_cache",
+            f"{_MAMBA_STATE}._mamba_ctx",
+            f"{_MAMBA_STATE}._mamba_group_ids",
+            f"{_MAMBA_STATE}._mamba_spec",
+        ),
+    },
 )
 def model_state_kv(
     model_state: Any,
@@ -189,7 +249,17 @@ def model_state_kv(
     return True
 
 
-@stage(needs=KV, after=("model_state_kv",))
+@stage(
+    needs=KV,
+    after=("model_state_kv",),
+    meta={
+        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
+        "calls": (
+            "vllm.v1.worker.gpu.kv_connector:NO_OP_KV_CONNECTOR",
+            "vllm.v1.worker.gpu.kv_connector:get_kv_connector",
+        ),
+    },
+)
 def kv_connector(
     vllm_config: VllmConfig, kv_caches_by_layer: Mapping[str, Any], is_profiling: bool
 ) -> Any:
@@ -207,7 +277,18 @@ def _close_aux(aux_output_connector: Any) -> None:
         aux_output_connector.close()
 
 
-@stage(needs=KV, after=("kv_connector",), teardown=_close_aux)
+@stage(
+    needs=KV,
+    after=("kv_connector",),
+    teardown=_close_aux,
+    meta={
+        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
+        "calls": (
+            "vllm.distributed.aux_output_connector.worker:get_aux_output_connector",
+            "vllm.distributed.aux_output_connector.worker:AuxOutputWorkerConnector.close",
+        ),
+    },
+)
 def aux_output_connector(
     vllm_config: VllmConfig,
     model: Any,
@@ -232,7 +313,24 @@ def _disarm_zeroer(kv_block_zeroer: Any) -> None:
         kv_block_zeroer._meta = None
 
 
-@stage(needs=KV, after=("aux_output_connector",), teardown=_disarm_zeroer)
+@stage(
+    needs=KV,
+    after=("aux_output_connector",),
+    teardown=_disarm_zeroer,
+    meta={
+        "mirrors": (
+            f"{_RUNNER}._init_kv_zero_meta",
+            "vllm.v1.worker.gpu_worker:Worker.initialize_from_config",
+        ),
+        "calls": (
+            _ZEROER,
+            f"{_ZEROER}._meta",
+            f"{_ZEROER}.zero_block_ids",
+            "vllm.v1.kv_cache_interface:KVCacheConfig.needs_kv_cache_zeroing",
+            _FORWARD_CONTEXT,
+        ),
+    },
+)
 def kv_block_zeroer(
     vllm_config: VllmConfig,
     device: Any,

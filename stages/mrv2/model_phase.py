@@ -17,6 +17,8 @@ separate :func:`spec_pipeline`, run on each ``get_kv_cache_spec`` (memoized per 
 Process-global effects (EPLB's model registration and async loop, the offloader) are
 declared; a retry of the phase that would register or start them a second time is refused.
 
+Each stage declares the part of ``load_model`` or ``get_kv_cache_spec`` it replaces and the
+vLLM names it calls (``meta``: ``mirrors`` and ``calls``, shown by ``initpipe graph``).
 No torch or vllm import at module import time.
 """
 
@@ -32,6 +34,11 @@ from .types import RunnerV2Settings
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+
+#: MRv2's runner, whose ``load_model`` / ``get_kv_cache_spec`` the stages below replace
+#: (``meta["mirrors"]``), and the model-state interface they read.
+_RUNNER = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
+_MODEL_STATE = "vllm.v1.worker.gpu.model_states.interface:ModelState"
 
 __all__ = [
     "batch_sharder",
@@ -60,7 +67,13 @@ def _samples(runner_settings: RunnerV2Settings) -> bool:
     return runner_settings.is_last_pp_rank and not runner_settings.is_pooling_model
 
 
-@stage(needs=MODEL)
+@stage(
+    needs=MODEL,
+    meta={
+        "mirrors": (f"{_RUNNER}.load_model",),
+        "calls": ("vllm.v1.worker.gpu.model_states:init_model_state",),
+    },
+)
 def model_state(vllm_config: VllmConfig, model: Any, encoder_cache: Any, device: Any) -> Any:
     """vLLM's ``init_model_state``: the per-architecture state object (reads the block size).
 
@@ -74,13 +87,28 @@ def model_state(vllm_config: VllmConfig, model: Any, encoder_cache: Any, device:
     return init_model_state(vllm_config, model, encoder_cache, device)
 
 
-@stage(needs=MODEL)
+@stage(
+    needs=MODEL,
+    meta={
+        "mirrors": (f"{_RUNNER}.load_model",),
+        "calls": (f"{_MODEL_STATE}.num_new_sampled_tokens_per_step",),
+    },
+)
 def decode_query_len(runner_settings: RunnerV2Settings, model_state: Any) -> int:
     """Tokens per request in a decode step: speculative steps plus newly sampled tokens."""
     return runner_settings.num_speculative_steps + model_state.num_new_sampled_tokens_per_step
 
 
-@stage(needs=MODEL)
+@stage(
+    needs=MODEL,
+    meta={
+        "mirrors": (f"{_RUNNER}.load_model",),
+        "calls": (
+            "vllm.logger:init_logger",
+            "vllm.v1.worker.gpu.sample.batch_shard:BatchSharder",
+        ),
+    },
+)
 def batch_sharder(
     vllm_config: VllmConfig,
     model: Any,
@@ -112,12 +140,23 @@ def batch_sharder(
     )
 
 
-@stage(needs=MODEL, after=("batch_sharder",))
+@stage(
+    needs=MODEL,
+    after=("batch_sharder",),
+    meta={
+        "mirrors": (f"{_RUNNER}.load_model",),
+        "calls": (
+            "vllm.v1.worker.gpu.sample.logits_processor.loader:build_custom_logits_processors",
+        ),
+    },
+)
 def custom_logits_processors(
     vllm_config: VllmConfig, req_states: Any, runner_settings: RunnerV2Settings
 ) -> Any:
     """The config's custom logits processors over the runner's request states."""
-    from vllm.v1.worker.gpu.sample.logits_processor import build_custom_logits_processors
+    from vllm.v1.worker.gpu.sample.logits_processor.loader import (
+        build_custom_logits_processors,
+    )
 
     config_processors = vllm_config.model_config.logits_processors or ()
     return build_custom_logits_processors(
@@ -125,7 +164,27 @@ def custom_logits_processors(
     )
 
 
-@stage(needs=MODEL, provides=("sampler", "rejection_sampler"))
+@stage(
+    needs=MODEL,
+    provides=("sampler", "rejection_sampler"),
+    meta={
+        "mirrors": (f"{_RUNNER}.load_model",),
+        "calls": (
+            "vllm.platforms:current_platform",
+            "vllm.platforms.interface:Platform.is_rocm",
+            "vllm.v1.sample.ops.topk_topp_sampler:register_top_k_top_p_warmups",
+            "vllm.model_executor.warmup.jit_warmup:JitWarmupRegistry.activate",
+            "vllm.v1.watermarking.factory:create_watermarker",
+            "vllm.v1.watermarking.spec_decode:create_speculative_target_watermarker",
+            "vllm.v1.watermarking.spec_decode:speculative_target_watermark_key",
+            "vllm.v1.watermarking.gpu_sampler:GPUWatermarkSampler",
+            "vllm.v1.worker.gpu.sample.sampler:Sampler",
+            "vllm.v1.worker.gpu.spec_decode.rejection_sampler:RejectionSampler",
+            f"{_MODEL_STATE}.custom_sampler",
+            "vllm.config.vllm:VllmConfig._check_supports_watermarking",
+        ),
+    },
+)
 def samplers(
     vllm_config: VllmConfig,
     device: Any,
@@ -144,7 +203,7 @@ def samplers(
     if not _samples(runner_settings):
         return {"sampler": None, "rejection_sampler": None}
     from vllm.platforms import current_platform
-    from vllm.v1.watermarking import create_watermarker
+    from vllm.v1.watermarking.factory import create_watermarker
     from vllm.v1.watermarking.gpu_sampler import GPUWatermarkSampler
     from vllm.v1.watermarking.spec_decode import (
         create_speculative_target_watermarker,
@@ -201,7 +260,14 @@ def samplers(
     return {"sampler": sampler, "rejection_sampler": rejection_sampler}
 
 
-@stage(needs=MODEL, after=("samplers",))
+@stage(
+    needs=MODEL,
+    after=("samplers",),
+    meta={
+        "mirrors": (f"{_RUNNER}.load_model",),
+        "calls": ("vllm.v1.worker.gpu.sample.prompt_logprob:PromptLogprobsWorker",),
+    },
+)
 def prompt_logprobs_worker(
     vllm_config: VllmConfig, device: Any, runner_settings: RunnerV2Settings
 ) -> Any:
@@ -217,7 +283,17 @@ def prompt_logprobs_worker(
     )
 
 
-@stage(needs=MODEL, after=("prompt_logprobs_worker",))
+@stage(
+    needs=MODEL,
+    after=("prompt_logprobs_worker",),
+    meta={
+        "mirrors": (f"{_RUNNER}.load_model",),
+        "calls": (
+            "vllm.v1.worker.gpu.structured_outputs:StructuredOutputsWorker",
+            f"{_MODEL_STATE}.num_new_sampled_tokens_per_step",
+        ),
+    },
+)
 def structured_outputs_worker(
     device: Any, runner_settings: RunnerV2Settings, model_state: Any, decode_query_len: int
 ) -> Any:
@@ -235,7 +311,14 @@ def structured_outputs_worker(
     )
 
 
-@stage(needs=MODEL, after=("structured_outputs_worker",))
+@stage(
+    needs=MODEL,
+    after=("structured_outputs_worker",),
+    meta={
+        "mirrors": (f"{_RUNNER}.load_model",),
+        "calls": ("vllm.v1.worker.gpu.pool.pooling_runner:PoolingRunner",),
+    },
+)
 def pooling_runner(vllm_config: VllmConfig, model: Any, runner_settings: RunnerV2Settings) -> Any:
     """The pooling runner of a pooling model on the last PP rank (else None)."""
     if not (runner_settings.is_pooling_model and runner_settings.is_last_pp_rank):
@@ -249,6 +332,14 @@ def pooling_runner(vllm_config: VllmConfig, model: Any, runner_settings: RunnerV
     needs=MODEL,
     after=("pooling_runner",),
     effects=("EPLB state: MoE model registered", "EPLB async rebalancing loop started"),
+    meta={
+        "mirrors": (f"{_RUNNER}.load_model",),
+        "calls": (
+            "vllm.v1.worker.gpu.eplb_utils:EPLBController.state",
+            "vllm.v1.worker.gpu.eplb_utils:EPLBController.maybe_register_model",
+            "vllm.v1.worker.gpu.eplb_utils:EPLBController.maybe_start_async_loop",
+        ),
+    },
 )
 def eplb_registration(
     vllm_config: VllmConfig,
@@ -284,7 +375,16 @@ def eplb_registration(
     return added
 
 
-@stage(needs=MODEL, after=("eplb_registration",))
+@stage(
+    needs=MODEL,
+    after=("eplb_registration",),
+    meta={
+        "mirrors": (f"{_RUNNER}.load_model",),
+        "calls": (
+            "vllm.model_executor.models.interfaces:SupportsPP.make_empty_intermediate_tensors",
+        ),
+    },
+)
 def intermediate_tensors(
     vllm_config: VllmConfig, model: Any, runner_settings: RunnerV2Settings, device: Any
 ) -> Any:
@@ -305,6 +405,14 @@ def intermediate_tensors(
     needs=MODEL,
     after=("intermediate_tensors",),
     effects=("the process-wide offloader: post_init",),
+    meta={
+        "mirrors": (f"{_RUNNER}.load_model",),
+        "calls": (
+            "vllm.model_executor.offloader.base:get_offloader",
+            "vllm.model_executor.offloader.base:BaseOffloader",
+            "vllm.model_executor.offloader.base:BaseOffloader.post_init",
+        ),
+    },
 )
 def offloader_post_init() -> str:
     """``get_offloader().post_init()`` (a process global set by the runner's ``__init__``).
@@ -317,8 +425,7 @@ def offloader_post_init() -> str:
     Raises:
         ModelPhaseError: a working offloader was post-initialized already.
     """
-    from vllm.model_executor.offloader import get_offloader
-    from vllm.model_executor.offloader.base import BaseOffloader
+    from vllm.model_executor.offloader.base import BaseOffloader, get_offloader
 
     offloader = get_offloader()
     works = type(offloader).post_init is not BaseOffloader.post_init
@@ -335,7 +442,18 @@ def offloader_post_init() -> str:
     return type(offloader).__name__
 
 
-@stage(needs=MODEL, after=("offloader_post_init",), effects=("model compiled in place",))
+@stage(
+    needs=MODEL,
+    after=("offloader_post_init",),
+    effects=("model compiled in place",),
+    meta={
+        "mirrors": (f"{_RUNNER}.load_model",),
+        "calls": (
+            "vllm.config.compilation:CompilationMode",
+            "vllm.compilation.wrapper:compile_model_with_stock_torch",
+        ),
+    },
+)
 def stock_torch_compile(vllm_config: VllmConfig, model: Any) -> bool:
     """``compile_model_with_stock_torch`` in ``STOCK_TORCH_COMPILE`` mode; else nothing."""
     from vllm.config.compilation import CompilationMode
@@ -349,7 +467,18 @@ def stock_torch_compile(vllm_config: VllmConfig, model: Any) -> bool:
 
 
 # -- the KV cache spec: its own one-stage pipeline (see the module docstring) ------------
-@stage(needs=MODEL)
+@stage(
+    needs=MODEL,
+    meta={
+        "mirrors": (f"{_RUNNER}.get_kv_cache_spec",),
+        "calls": (
+            "vllm.v1.worker.gpu.attn_utils:get_kv_cache_spec",
+            "vllm.v1.worker.gpu.spec_decode.speculator:DraftModelSpeculator",
+            "vllm.v1.worker.gpu.spec_decode.speculator:DraftModelSpeculator.dcp_size",
+            "vllm.v1.worker.gpu.spec_decode.speculator:DraftModelSpeculator.draft_attn_layer_names",
+        ),
+    },
+)
 def kv_cache_spec(
     vllm_config: VllmConfig, speculator: Any, runner_settings: RunnerV2Settings
 ) -> Any:
