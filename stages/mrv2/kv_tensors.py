@@ -321,11 +321,12 @@ def _disarm_zeroer(kv_block_zeroer: Any) -> None:
         "mirrors": (
             f"{_RUNNER}._init_kv_zero_meta",
             "vllm.v1.worker.gpu_worker:Worker.initialize_from_config",
+            # the teardown relies on it returning at once when _meta is None
+            f"{_ZEROER}.zero_block_ids",
         ),
         "calls": (
             _ZEROER,
             f"{_ZEROER}._meta",
-            f"{_ZEROER}.zero_block_ids",
             "vllm.v1.kv_cache_interface:KVCacheConfig.needs_kv_cache_zeroing",
             _FORWARD_CONTEXT,
         ),

@@ -406,11 +406,14 @@ def intermediate_tensors(
     after=("intermediate_tensors",),
     effects=("the process-wide offloader: post_init",),
     meta={
-        "mirrors": (f"{_RUNNER}.load_model",),
+        "mirrors": (
+            f"{_RUNNER}.load_model",
+            # relied on to do nothing (the stage skips it then)
+            "vllm.model_executor.offloader.base:BaseOffloader.post_init",
+        ),
         "calls": (
             "vllm.model_executor.offloader.base:get_offloader",
             "vllm.model_executor.offloader.base:BaseOffloader",
-            "vllm.model_executor.offloader.base:BaseOffloader.post_init",
         ),
     },
 )
