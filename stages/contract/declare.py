@@ -164,7 +164,7 @@ def _stage_uses(capability: Capability, factory: str) -> list[Use]:
 
 def _decorated_uses(module_name: str) -> list[Use]:
     module = importlib.import_module(module_name)
-    out = []
+    out: list[Use] = []
     for obj in _functions(module):
         caps, declared = getattr(obj, _ATTR)
         where = f"{obj.__module__}:{obj.__qualname__}"

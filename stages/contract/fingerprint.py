@@ -207,6 +207,7 @@ class Index:
     def __init__(self, source: Source) -> None:
         self.source = source
         self._modules: dict[str, _Module | None] = {}
+        self._sets: dict[int, tuple[ast.ClassDef, dict[str, list[tuple[str, ast.stmt]]]]] = {}
 
     def resolve(self, name: str, kind: str, via: Sequence[str] = ()) -> Found:
         """Find ``name`` (``"module:qualname"``) and digest it as ``kind``.
@@ -348,7 +349,7 @@ class Index:
             if nodes:
                 return _Def(cls.module, f"{cls.qualname}.{attr}", nodes)
         for cls in mro:  # an instance attribute: set as ``self.attr`` in the methods
-            sets = _instance_sets(cls.cls, attr)
+            sets = self._instance_sets(cls.cls).get(attr)
             if sets:
                 methods = tuple(dict.fromkeys(m for m, _ in sets))
                 return _Def(
@@ -357,6 +358,15 @@ class Index:
         if unreadable:
             raise _Unresolved("unknown", f"no {attr} in {target.name}'s MRO; {unreadable[0]}")
         raise _Unresolved("missing", f"no {attr} in {target.name} or its bases")
+
+    def _instance_sets(self, cls: ast.ClassDef | None) -> dict[str, list[tuple[str, ast.stmt]]]:
+        """Per attribute, ``(method, statement)`` of each ``self.attr = ...`` in ``cls``'s
+        methods (read once per class)."""
+        if cls is None:
+            return {}
+        if id(cls) not in self._sets:
+            self._sets[id(cls)] = (cls, _instance_sets(cls))
+        return self._sets[id(cls)][1]
 
     def _mro(
         self, cls: _Def, files: set[str], below: tuple[str, ...] = ()
@@ -514,11 +524,11 @@ def _members(cls: ast.ClassDef | None, attr: str) -> tuple[ast.stmt, ...]:
     return tuple([s for s, rt in found if rt] or [s for s, _ in found])
 
 
-def _instance_sets(cls: ast.ClassDef | None, attr: str) -> list[tuple[str, ast.stmt]]:
-    """``(method, statement)`` of each ``self.attr = ...`` (or annotated / augmented) in the
-    methods of ``cls``, ``self`` being each method's first parameter."""
-    out: list[tuple[str, ast.stmt]] = []
-    for fn, _ in _statements(cls.body if cls else []):
+def _instance_sets(cls: ast.ClassDef) -> dict[str, list[tuple[str, ast.stmt]]]:
+    """Per attribute, ``(method, statement)`` of each ``self.attr = ...`` (or annotated /
+    augmented) in the methods of ``cls``, ``self`` being each method's first parameter."""
+    out: dict[str, list[tuple[str, ast.stmt]]] = {}
+    for fn, _ in _statements(cls.body):
         if not isinstance(fn, _FUNCTIONS) or not fn.args.args:
             continue
         me = fn.args.args[0].arg
@@ -530,14 +540,10 @@ def _instance_sets(cls: ast.ClassDef | None, attr: str) -> list[tuple[str, ast.s
             else:
                 continue
             flat = [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
-            if any(
-                isinstance(t, ast.Attribute)
-                and t.attr == attr
-                and isinstance(t.value, ast.Name)
-                and t.value.id == me
-                for t in flat
-            ):
-                out.append((fn.name, node))
+            for t in flat:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name):
+                    if t.value.id == me:
+                        out.setdefault(t.attr, []).append((fn.name, node))
     return out
 
 

@@ -125,14 +125,15 @@ def resolve_all(index: Index, uses: Iterable[Use]) -> dict[str, tuple[Found, lis
     return out
 
 
-def build(source: Source, uses: Sequence[Use]) -> Lock:
-    """The lock of ``source`` for the declarations ``uses``.
+def build(source: Source, uses: Sequence[Use], index: Index | None = None) -> Lock:
+    """The lock of ``source`` for the declarations ``uses`` (``index``: an :class:`Index`
+    of ``source`` to reuse, with its parsed modules).
 
     Raises:
         LockError: a declared name is missing or unknown in ``source`` (fix the
             declaration: a lock records only names that resolve).
     """
-    index = Index(source)
+    index = index if index is not None else Index(source)
     entries: dict[str, dict[str, Any]] = {}
     files: dict[str, str] = {}
     bad = []

@@ -23,7 +23,7 @@ import attrs
 
 from .declare import CAPABILITIES, Use, declarations
 from .fingerprint import Found, Index, similarity
-from .lock import Lock, key, locks, resolve_all, via
+from .lock import Lock, locks, resolve_all, via
 from .source import Source, open_source
 
 __all__ = ["STATUSES", "Entry", "Report", "Verdict", "compare", "verdict"]
@@ -192,14 +192,16 @@ def compare(
     source: Source | None = None,
     uses: Sequence[Use] | None = None,
     all_locks: Sequence[Lock] | None = None,
+    index: Index | None = None,
 ) -> Report:
     """Every declared name of ``uses`` (default: all declarations) in ``source`` (default:
-    the installed vLLM) against the locks (default: the shipped ones)."""
+    the installed vLLM) against the locks (default: the shipped ones); ``index``: an
+    :class:`Index` of ``source`` to reuse."""
     start = time.perf_counter()
     source = source if source is not None else open_source(None)
     uses = declarations() if uses is None else uses
     candidates = _ordered(locks() if all_locks is None else all_locks, source)
-    index = Index(source)
+    index = index if index is not None else Index(source)
     comparer = _Comparer(index, resolve_all(index, uses))
     caps = [c for c in CAPABILITIES if any(c in u.capabilities for u in uses)]
     best: tuple[Any, ...] | None = None

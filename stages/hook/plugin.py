@@ -21,6 +21,7 @@ import os
 import sys
 from typing import Any
 
+from ..contract.declare import vllm_uses
 from . import PIPELINED_WORKER
 
 __all__ = ["ENV_VAR", "PIPELINED_WORKER", "enabled", "main", "register", "route_worker"]
@@ -31,6 +32,15 @@ logger = logging.getLogger("vllm.initpipe")
 ENV_VAR = "INITPIPE_VLLM"
 _PATCHED = "_initpipe_patched"
 
+#: The platforms' ``check_and_update_config``, where vLLM resolves ``worker_cls="auto"``.
+_CONFIG_HOOKS = (
+    "vllm.platforms.cpu:CpuPlatform.check_and_update_config",
+    "vllm.platforms.cuda:CudaPlatformBase.check_and_update_config",
+    "vllm.platforms.rocm:RocmPlatform.check_and_update_config",
+    "vllm.platforms.xpu:XPUPlatform.check_and_update_config",
+)
+_WORKER_CLS = "vllm.config.parallel:ParallelConfig.worker_cls"
+
 
 def enabled(environ: Any = None) -> bool:
     """True when ``INITPIPE_VLLM`` is set to 1/true/yes/on."""
@@ -38,6 +48,11 @@ def enabled(environ: Any = None) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
+@vllm_uses(
+    ("catalog_v1", "catalog_mrv2"),
+    mirrors=_CONFIG_HOOKS,
+    calls=("vllm.platforms:current_platform", _WORKER_CLS),
+)
 def register() -> None:
     """Entry point: when opted in, have the platform's config hook call :func:`route_worker`."""
     if not enabled():
@@ -61,6 +76,7 @@ def register() -> None:
     setattr(platform_cls, _PATCHED, True)
 
 
+@vllm_uses(("catalog_v1", "catalog_mrv2"), calls=(_WORKER_CLS,))
 def route_worker(vllm_config: Any, *, was_auto: bool) -> None:
     """Give vLLM the pipelined worker where it can run; else keep the stock one, say why.
 

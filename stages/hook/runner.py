@@ -36,6 +36,7 @@ from typing import Any
 from initpipe import KV, PhaseOrderError, Pipeline, Run, StageError
 from initpipe.testing import ENV_FAULT, inject_faults_from_env
 
+from ..contract.declare import vllm_uses
 from ..errors import UnsupportedRunnerError
 from ..types import InputBatchGeometry, RunnerSettings
 from .progress import log_phase
@@ -56,7 +57,27 @@ __all__ = [
 ]
 
 
+# vLLM names for the declarations (``module:qualname``): v1's runner, and Model Runner V2's
+# (whose methods the shared host wraps too).
+_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+_CPU_RUNNER = "vllm.v1.worker.cpu_model_runner:CPUModelRunner"
+_RUNNER_V2 = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
+_CACHE_CONFIG = "vllm.config.cache:CacheConfig"
+_PLATFORM = "vllm.platforms.interface:Platform"
+
+
 # -- reading the runner: the pipeline's external inputs -----------------------------------
+@vllm_uses(
+    "catalog_v1",
+    calls=(
+        f"{_RUNNER}.vllm_config",
+        f"{_RUNNER}.device",
+        f"{_RUNNER}.cudagraph_dispatcher",
+        f"{_RUNNER}.drafter",
+        # jit_warmup_registry: set on the runner by this decorator of its __init__
+        "vllm.model_executor.warmup.jit_warmup:JitWarmupRegistry.capture",
+    ),
+)
 def start_inputs(runner: Any) -> dict[str, Any]:
     """The catalog's start inputs, read from a constructed runner."""
     return {
@@ -69,6 +90,16 @@ def start_inputs(runner: Any) -> dict[str, Any]:
     }
 
 
+@vllm_uses(
+    "catalog_v1",
+    calls=(
+        f"{_RUNNER}.cache_config",
+        f"{_CACHE_CONFIG}.kv_cache_layout",
+        f"{_CACHE_CONFIG}.get_resolved_kv_cache_layout",
+        f"{_RUNNER}.max_model_len",
+        f"{_RUNNER}.input_batch",
+    ),
+)
 def kv_inputs(
     runner: Any,
     kv_cache_config: Any,
@@ -94,11 +125,48 @@ def kv_inputs(
 
 
 # -- the adapter: the one place that writes onto the runner -------------------------------
+@vllm_uses(
+    "catalog_v1",
+    mirrors=(f"{_RUNNER}.get_kv_cache_spec",),  # where stock fills shared_kv_cache_layers
+    calls=(f"{_RUNNER}.shared_kv_cache_layers",),
+)
 def apply_model_outputs(runner: Any, outputs: Mapping[str, Any]) -> None:
     """Write the model-phase result vLLM keeps on the runner (``shared_kv_cache_layers``)."""
     runner.shared_kv_cache_layers.update(outputs["shared_kv_cache_layers"])
 
 
+@vllm_uses(
+    "catalog_v1",
+    # the methods that set these attributes in stock's initialize_kv_cache and the worker's
+    # _init_kv_zero_meta call
+    mirrors=(
+        f"{_RUNNER}.initialize_kv_cache",
+        f"{_RUNNER}.may_add_encoder_only_layers_to_kv_cache_config",
+        f"{_RUNNER}.maybe_add_kv_sharing_layers_to_kv_cache_groups",
+        f"{_RUNNER}.initialize_attn_backend",
+        f"{_RUNNER}.calculate_reorder_batch_threshold",
+        f"{_RUNNER}.may_reinitialize_input_batch",
+        f"{_RUNNER}.initialize_kv_cache_tensors",
+        f"{_RUNNER}._init_kv_zero_meta",
+    ),
+    calls=(
+        f"{_RUNNER}.kv_cache_config",
+        f"{_RUNNER}._mamba_bufs",
+        f"{_RUNNER}._mamba_state_copy_funcs",
+        f"{_RUNNER}.runner_only_attn_layers",
+        f"{_RUNNER}.kv_sharing_fast_prefill_eligible_layers",
+        f"{_RUNNER}.attn_groups",
+        f"{_RUNNER}._kernel_block_sizes",
+        f"{_RUNNER}.reorder_batch_threshold",
+        f"{_RUNNER}.input_batch",
+        f"{_RUNNER}._init_block_sizes",
+        f"{_RUNNER}._init_max_num_blocks",
+        f"{_RUNNER}._init_slot_mapping_modes",
+        f"{_RUNNER}.cp_kv_cache_interleave_size",
+        f"{_RUNNER}.kv_caches",
+        f"{_RUNNER}._kv_block_zeroer",
+    ),
+)
 def apply_kv_outputs(runner: Any, model: Mapping[str, Any], kv: Mapping[str, Any]) -> None:
     """Write a completed KV phase onto the runner exactly where vLLM's methods put it."""
     runner.kv_cache_config = kv["runner_kv_cache_config"]
@@ -122,6 +190,19 @@ def apply_kv_outputs(runner: Any, model: Mapping[str, Any], kv: Mapping[str, Any
         runner._kv_block_zeroer = kv["kv_block_zeroer"]
 
 
+@vllm_uses(
+    "catalog_v1",
+    mirrors=(f"{_RUNNER}._cleanup_profiling_kv_cache",),
+    calls=(
+        f"{_RUNNER}._kv_block_zeroer",
+        f"{_RUNNER}.kv_caches",
+        f"{_RUNNER}.attn_groups",
+        f"{_RUNNER}.kv_cache_config",
+        f"{_RUNNER}.cache_config",
+        f"{_CACHE_CONFIG}.num_gpu_blocks",
+        f"{_RUNNER}._init_block_sizes",
+    ),
+)
 def clear_kv_state(runner: Any) -> None:
     """Drop the runner's KV attributes as ``_cleanup_profiling_kv_cache`` does.
 
@@ -142,6 +223,20 @@ def clear_kv_state(runner: Any) -> None:
     runner._init_block_sizes = []
 
 
+@vllm_uses(
+    "catalog_v1",
+    # the two steps (K1/K2) this inverts
+    mirrors=(
+        f"{_RUNNER}.may_add_encoder_only_layers_to_kv_cache_config",
+        f"{_RUNNER}.maybe_add_kv_sharing_layers_to_kv_cache_groups",
+    ),
+    calls=(
+        f"{_RUNNER}.kv_cache_config",
+        f"{_RUNNER}.runner_only_attn_layers",
+        "vllm.v1.kv_cache_interface:KVCacheConfig.kv_cache_groups",
+        "vllm.v1.kv_cache_interface:KVCacheGroupSpec.layer_names",
+    ),
+)
 def engine_kv_cache_config(runner: Any) -> Any:
     """Recover the engine's KVCacheConfig from a runner's working copy.
 
@@ -255,6 +350,10 @@ class PipelineHost:
             parallel.world_size,
         )
 
+    @vllm_uses(
+        ("catalog_v1", "catalog_mrv2"),
+        calls=(f"{_RUNNER}.capture_model", f"{_RUNNER_V2}.capture_model"),
+    )
     def capture_model(self, *args: Any, **kwargs: Any) -> Any:
         """vLLM's CUDA-graph capture, recorded as a span of the trace."""
         with self.initpipe_trace.span("capture_model (graph capture)", phase="vllm"):
@@ -274,6 +373,14 @@ class PipelinedRunnerMixin(PipelineHost):
     initpipe_runner_version = "v1"
     initpipe_default_pipeline: Pipeline | None = None
 
+    @vllm_uses(
+        "catalog_v1",
+        calls=(
+            f"{_RUNNER}.__init__",
+            f"{_CPU_RUNNER}.__init__",
+            "vllm.v1.worker.xpu_model_runner:XPUModelRunner.__init__",
+        ),
+    )
     def __init__(self, vllm_config: Any, device: Any, *, pipeline: Pipeline | None = None) -> None:
         super().__init__(vllm_config, device)  # type: ignore[call-arg]
         from initpipe import Trace
@@ -293,6 +400,10 @@ class PipelinedRunnerMixin(PipelineHost):
         return start_run(self.initpipe_pipeline, self, start_inputs(self))
 
     # model phase ------------------------------------------------------------------------
+    @vllm_uses(
+        "catalog_v1",
+        calls=(f"{_RUNNER}.cache_config", f"{_CACHE_CONFIG}.block_size", f"{_RUNNER}.model"),
+    )
     def _initpipe_model_phase(self) -> Mapping[str, Any]:
         """Run the model phase once the block size is final (memoized)."""
         with self._initpipe_lock:
@@ -326,11 +437,17 @@ class PipelinedRunnerMixin(PipelineHost):
             apply_model_outputs(self, outputs)
             return outputs
 
+    @vllm_uses("catalog_v1", mirrors=(f"{_RUNNER}.get_kv_cache_spec",))
     def get_kv_cache_spec(self) -> dict[str, Any]:
         """The KV cache spec per layer (runs the model phase on first call)."""
         return dict(self._initpipe_model_phase()["kv_cache_spec"])
 
     # KV phase ---------------------------------------------------------------------------
+    @vllm_uses(
+        "catalog_v1",
+        mirrors=(f"{_RUNNER}.initialize_kv_cache", f"{_CPU_RUNNER}.initialize_kv_cache"),
+        calls=(f"{_RUNNER}.attn_groups", f"{_RUNNER}.kv_caches"),
+    )
     def initialize_kv_cache(
         self,
         kv_cache_config: Any,
@@ -358,6 +475,7 @@ class PipelinedRunnerMixin(PipelineHost):
             apply_kv_outputs(self, model, outputs)
             log_phase(self.initpipe_run, KV, self._initpipe_rank())
 
+    @vllm_uses("catalog_v1", mirrors=(f"{_RUNNER}._init_kv_zero_meta",))
     def _init_kv_zero_meta(self) -> None:
         """The worker's call after ``initialize_kv_cache``: the ``kv_block_zeroer`` stage
         built the zeroer already (or the config needs none), so build no second one.
@@ -381,6 +499,7 @@ class PipelinedRunnerMixin(PipelineHost):
         if self.initpipe_run.state != "closed":
             self.initpipe_run.teardown_kv_cache()
 
+    @vllm_uses("catalog_v1", mirrors=(f"{_RUNNER}._cleanup_profiling_kv_cache",))
     def _cleanup_profiling_kv_cache(self) -> None:
         """Tear the KV phase down (reverse teardowns), as vLLM's cleanup leaves the runner."""
         import torch
@@ -392,19 +511,23 @@ class PipelinedRunnerMixin(PipelineHost):
         torch.accelerator.empty_cache()
 
     # the KV lifecycle a live resize drives (PipelineHost) --------------------------------
+    @vllm_uses("catalog_v1", calls=(f"{_RUNNER}.requests",))
     def initpipe_requests(self) -> list[str]:
         """The requests in ``self.requests`` (v1's per-request state)."""
         return sorted(self.requests)  # type: ignore[attr-defined]
 
+    @vllm_uses("catalog_v1", calls=(f"{_RUNNER}.kv_caches",))
     def initpipe_kv_in_place(self) -> bool:
         return bool(self.kv_caches) or self.initpipe_run.kv_ready  # type: ignore[attr-defined]
 
     def initpipe_release_cuda_graphs(self) -> int:
         return release_cuda_graphs(self)
 
+    @vllm_uses("catalog_v1", mirrors=(f"{_RUNNER}._cleanup_profiling_kv_cache",))
     def initpipe_release_kv_cache(self) -> None:
         self._cleanup_profiling_kv_cache()
 
+    @vllm_uses("catalog_v1", mirrors=(f"{_RUNNER}.shutdown",))
     def shutdown(self) -> None:
         """vLLM's shutdown (which calls the cleanup above), then close the run."""
         try:
@@ -413,6 +536,24 @@ class PipelinedRunnerMixin(PipelineHost):
             self.initpipe_run.close()
 
 
+@vllm_uses(
+    "catalog_v1",
+    mirrors=(
+        "vllm.distributed.elastic_ep.elastic_execute:ElasticEPScalingExecutor._release_cuda_graphs",
+    ),
+    calls=(
+        "vllm.compilation.cuda_graph:CUDAGraphWrapper",
+        "vllm.compilation.cuda_graph:CUDAGraphWrapper._all_instances",
+        "vllm.compilation.cuda_graph:CUDAGraphWrapper.concrete_cudagraph_entries",
+        "vllm.compilation.cuda_graph:CUDAGraphWrapper.clear_all_graphs",
+        "vllm.compilation.breakable_cudagraph:BreakableCUDAGraphWrapper",
+        "vllm.compilation.breakable_cudagraph:BreakableCUDAGraphWrapper._all_instances",
+        "vllm.compilation.breakable_cudagraph:BreakableCUDAGraphWrapper.entries",
+        "vllm.compilation.breakable_cudagraph:BreakableCUDAGraphWrapper.clear_all_graphs",
+        f"{_RUNNER}.encoder_cudagraph_manager",
+        "vllm.v1.worker.encoder_cudagraph:EncoderCudaGraphManager.clear",
+    ),
+)
 def release_cuda_graphs(runner: Any) -> int:
     """The v1 runner's graph owners: every ``CUDAGraphWrapper`` and
     ``BreakableCUDAGraphWrapper`` (``clear_all_graphs()``, as vLLM's elastic-EP path does
@@ -436,6 +577,22 @@ def release_cuda_graphs(runner: Any) -> int:
     return held
 
 
+@vllm_uses(
+    "catalog_v1",
+    # which v1 runner the stock workers build
+    mirrors=(
+        "vllm.v1.worker.cpu_worker:CPUWorker.init_device",
+        "vllm.v1.worker.gpu_worker:Worker._make_model_runner",
+    ),
+    calls=(
+        "vllm.platforms:current_platform",
+        f"{_PLATFORM}.is_cpu",
+        f"{_PLATFORM}.is_cuda_alike",
+        f"{_PLATFORM}.is_xpu",
+        _CPU_RUNNER,
+        _RUNNER,
+    ),
+)
 def platform_runner_class() -> type:
     """The v1 runner class the current platform's stock worker builds.
 
@@ -477,6 +634,13 @@ def _pipelined(base: type) -> type:
     )
 
 
+@vllm_uses(
+    "catalog_v1",
+    calls=(
+        _CPU_RUNNER,
+        _RUNNER,
+    ),
+)
 def __getattr__(name: str) -> Any:
     # Lazily built classes resolve by qualified name (pickling, vLLM's qualname lookup).
     if name == "PipelinedCPUModelRunner":

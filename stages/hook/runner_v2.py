@@ -38,6 +38,7 @@ from typing import Any
 
 from initpipe import KV, PhaseOrderError, Pipeline, Run, StageError
 
+from ..contract.declare import vllm_uses
 from ..mrv2.types import BlockTableGeometry, RunnerV2Settings
 from .progress import log_phase
 from .runner import TRACE_MAX_RECORDS, PipelineHost, start_run
@@ -58,6 +59,18 @@ __all__ = [
 
 _MRV2_LOGGER = "vllm.v1.worker.gpu.model_runner"
 
+# vLLM names for the declarations (``module:qualname``).
+_RUNNER = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
+_CG = "vllm.v1.worker.gpu.cudagraph_utils"
+_TEARDOWN = f"{_CG}:_teardown_profiling_state"
+_MODEL_STATE = "vllm.v1.worker.gpu.model_states.interface:ModelState"
+_ENCODER_RUNNER = "vllm.v1.worker.gpu.mm.encoder_runner:EncoderRunner"
+_LORA = "vllm.v1.worker.lora_model_runner_mixin:LoRAModelRunnerMixin"
+_NUM_GPU_BLOCKS = "vllm.config.cache:CacheConfig.num_gpu_blocks"
+_ELASTIC_RELEASE = (
+    "vllm.distributed.elastic_ep.elastic_execute:ElasticEPScalingExecutor._release_cuda_graphs"
+)
+
 #: Where the pipelined MRv2 teardown leaves the runner unlike stock's
 #: ``_teardown_profiling_state``: attribute -> why.
 DELIBERATE_TEARDOWN_DIFFERENCES: Mapping[str, str] = {
@@ -73,6 +86,21 @@ DELIBERATE_TEARDOWN_DIFFERENCES: Mapping[str, str] = {
 
 
 # -- reading the runner: the pipeline's external inputs -----------------------------------
+@vllm_uses(
+    "catalog_mrv2",
+    calls=(
+        f"{_RUNNER}.vllm_config",
+        f"{_RUNNER}.device",
+        f"{_RUNNER}.encoder_cache",
+        f"{_RUNNER}.req_states",
+        f"{_RUNNER}.input_buffers",
+        f"{_RUNNER}.speculator",
+        f"{_RUNNER}.eplb",
+        f"{_RUNNER}.jit_warmup_registry",
+        f"{_RUNNER}.lora_capture_cases",
+        f"{_RUNNER}.pcp_manager_cls",
+    ),
+)
 def start_inputs_v2(runner: Any) -> dict[str, Any]:
     """The MRv2 catalog's start inputs, read from a constructed MRv2 runner."""
     return {
@@ -90,6 +118,7 @@ def start_inputs_v2(runner: Any) -> dict[str, Any]:
     }
 
 
+@vllm_uses("catalog_mrv2", calls=(f"{_RUNNER}.max_model_len",))
 def kv_inputs_v2(
     runner: Any,
     kv_cache_config: Any,
@@ -135,6 +164,11 @@ _KV_ATTRS = {
 }
 
 
+@vllm_uses(
+    "catalog_mrv2",
+    mirrors=(f"{_RUNNER}.load_model",),
+    calls=tuple(f"{_RUNNER}.{name}" for name in _MODEL_ATTRS),
+)
 def apply_model_outputs_v2(runner: Any, outputs: Mapping[str, Any]) -> None:
     """Write a completed MRv2 model phase onto the runner where ``load_model`` puts it.
 
@@ -148,6 +182,20 @@ def apply_model_outputs_v2(runner: Any, outputs: Mapping[str, Any]) -> None:
         setattr(runner, name, value)
 
 
+@vllm_uses(
+    "catalog_mrv2",
+    mirrors=(f"{_RUNNER}.initialize_kv_cache", f"{_RUNNER}._init_kv_zero_meta"),
+    calls=tuple(
+        f"{_RUNNER}.{name}"
+        for name in (
+            "cp_interleave",
+            *_KV_ATTRS.values(),
+            "fast_prefill",
+            "aux_output_connector",
+            "kv_block_zeroer",
+        )
+    ),
+)
 def apply_kv_outputs_v2(runner: Any, kv: Mapping[str, Any]) -> None:
     """Write a completed MRv2 KV phase onto the runner exactly where stock's methods put it.
 
@@ -166,6 +214,21 @@ def apply_kv_outputs_v2(runner: Any, kv: Mapping[str, Any]) -> None:
         runner.kv_block_zeroer = kv["kv_block_zeroer"]
 
 
+@vllm_uses(
+    "catalog_mrv2",
+    mirrors=(_TEARDOWN,),
+    calls=(
+        f"{_RUNNER}.kv_caches",
+        f"{_RUNNER}.attn_groups",
+        f"{_RUNNER}.kv_cache_config",
+        f"{_RUNNER}.cudagraph_manager",
+        f"{_RUNNER}.fast_prefill",
+        f"{_RUNNER}.kv_block_zeroer",
+        f"{_RUNNER}.aux_output_connector",
+        f"{_RUNNER}.cache_config",
+        _NUM_GPU_BLOCKS,
+    ),
+)
 def clear_kv_state_v2(runner: Any) -> None:
     """Drop the runner's KV attributes as ``_teardown_profiling_state`` does.
 
@@ -188,6 +251,18 @@ def clear_kv_state_v2(runner: Any) -> None:
     runner.cache_config.num_gpu_blocks = None
 
 
+@vllm_uses(
+    "catalog_mrv2",
+    # the step of init_attn_backend this inverts
+    mirrors=("vllm.v1.worker.utils:add_kv_sharing_layers_to_kv_cache_groups",),
+    calls=(
+        "vllm.v1.worker.gpu.attn_utils:get_shared_kv_cache_layers",
+        f"{_RUNNER}.kv_cache_config",
+        f"{_RUNNER}.vllm_config",
+        "vllm.v1.kv_cache_interface:KVCacheConfig.kv_cache_groups",
+        "vllm.v1.kv_cache_interface:KVCacheGroupSpec.layer_names",
+    ),
+)
 def engine_kv_cache_config_v2(runner: Any) -> Any:
     """Recover the engine's KVCacheConfig from an MRv2 runner's working copy: drop the
     KV-sharing layers ``init_attn_backend`` added to their targets' groups."""
@@ -214,6 +289,13 @@ class PipelinedRunnerV2Mixin(PipelineHost):
     initpipe_runner_version = "v2"
     initpipe_default_pipeline: Pipeline | None = None
 
+    @vllm_uses(
+        "catalog_mrv2",
+        calls=(
+            f"{_RUNNER}.__init__",
+            "vllm.v1.worker.xpu_model_runner:XPUModelRunnerV2.__init__",
+        ),
+    )
     def __init__(self, vllm_config: Any, device: Any, *, pipeline: Pipeline | None = None) -> None:
         super().__init__(vllm_config, device)  # type: ignore[call-arg]
         from initpipe import Trace
@@ -233,6 +315,7 @@ class PipelinedRunnerV2Mixin(PipelineHost):
         return start_run(self.initpipe_pipeline, self, start_inputs_v2(self))
 
     # model phase ------------------------------------------------------------------------
+    @vllm_uses("catalog_mrv2", mirrors=(f"{_RUNNER}.load_model",), calls=(f"{_RUNNER}.model",))
     def load_model(
         self,
         load_dummy_weights: bool = False,
@@ -272,6 +355,36 @@ class PipelinedRunnerV2Mixin(PipelineHost):
             log_phase(run, "model", self._initpipe_rank())
             apply_model_outputs_v2(self, outputs)
 
+    @vllm_uses(
+        "catalog_mrv2",
+        mirrors=(f"{_RUNNER}.load_model",),
+        calls=(
+            "vllm.logger:init_logger",
+            "vllm.model_executor.model_loader:get_model_loader",
+            "vllm.utils.mem_utils:DeviceMemoryProfiler",
+            "vllm.utils.mem_utils:format_gib",
+            "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils:set_eagle3_aux_hidden_state_layers",
+            "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils:verify_supports_aux_hidden_states_over_pp",
+            "vllm.v1.worker.gpu.spec_decode.speculator:DraftModelSpeculator",
+            "vllm.v1.worker.workspace:use_workspace_lane",
+            "vllm.v1.worker.gpu.eplb_utils:EPLBController.prepare_load",
+            "vllm.v1.worker.gpu.eplb_utils:EPLBController.maybe_register_speculator",
+            "vllm.v1.worker.gpu.pp_utils:PPHandler.configure_aux_hidden_state_relay",
+            f"{_LORA}.load_lora_model",
+            f"{_RUNNER}.load_config",
+            f"{_RUNNER}.eplb",
+            f"{_RUNNER}.jit_warmup_registry",
+            f"{_RUNNER}.model",
+            f"{_RUNNER}.lora_config",
+            f"{_RUNNER}.use_aux_hidden_state_outputs",
+            f"{_RUNNER}.speculative_config",
+            f"{_RUNNER}.use_pp",
+            f"{_RUNNER}.pp_handler",
+            f"{_RUNNER}.speculator",
+            f"{_RUNNER}._draft_workspace_lane",
+            f"{_RUNNER}.model_memory_usage",
+        ),
+    )
     def _initpipe_load_weights(self, load_dummy_weights: bool, model: Any) -> bool:
         """The first half of stock's ``load_model``, line for line: load (or take) the
         model, LoRA, aux hidden states, the draft model; measure; log. Returns whether the
@@ -324,6 +437,11 @@ class PipelinedRunnerV2Mixin(PipelineHost):
         )
         return bool(eplb_models_added)
 
+    @vllm_uses(
+        "catalog_mrv2",
+        mirrors=(f"{_RUNNER}.get_kv_cache_spec",),
+        calls=(f"{_RUNNER}.model", f"{_RUNNER}.vllm_config", f"{_RUNNER}.speculator"),
+    )
     def get_kv_cache_spec(self) -> dict[str, Any]:
         """The KV cache spec per layer: the spec pipeline, over the final block size."""
         from ..mrv2 import spec_pipeline
@@ -347,6 +465,11 @@ class PipelinedRunnerV2Mixin(PipelineHost):
                     raise
 
     # KV phase ---------------------------------------------------------------------------
+    @vllm_uses(
+        "catalog_mrv2",
+        mirrors=(f"{_RUNNER}.initialize_kv_cache",),
+        calls=(f"{_RUNNER}.attn_groups", f"{_RUNNER}.kv_caches"),
+    )
     def initialize_kv_cache(
         self,
         kv_cache_config: Any,
@@ -381,6 +504,7 @@ class PipelinedRunnerV2Mixin(PipelineHost):
             apply_kv_outputs_v2(self, outputs)
             log_phase(run, KV, self._initpipe_rank())
 
+    @vllm_uses("catalog_mrv2", mirrors=(f"{_RUNNER}._init_kv_zero_meta",))
     def _init_kv_zero_meta(self) -> None:
         """The worker's call after ``initialize_kv_cache``: the ``kv_block_zeroer`` stage
         built it already (or the config needs none); only a KV phase run with
@@ -394,6 +518,18 @@ class PipelinedRunnerV2Mixin(PipelineHost):
             if self.initpipe_run.outputs["kv_block_zeroer"] is None:
                 super()._init_kv_zero_meta()  # type: ignore[misc]
 
+    @vllm_uses(
+        "catalog_mrv2",
+        mirrors=(_TEARDOWN,),
+        calls=(
+            f"{_RUNNER}.model_state",
+            f"{_MODEL_STATE}.supports_mm_inputs",
+            f"{_MODEL_STATE}.encoder_runner",
+            f"{_ENCODER_RUNNER}.clear",
+            f"{_RUNNER}.lora_config",
+            f"{_LORA}.maybe_remove_all_loras",
+        ),
+    )
     def initpipe_teardown_profiling_state(self) -> None:
         """What vLLM's ``_teardown_profiling_state`` does, through the pipeline: the KV
         phase's teardowns in reverse, then the runner lets go of its KV attributes, the
@@ -417,18 +553,24 @@ class PipelinedRunnerV2Mixin(PipelineHost):
                 self.initpipe_run.teardown_kv_cache()
 
     # the KV lifecycle a live resize drives (PipelineHost) --------------------------------
+    @vllm_uses(
+        "catalog_mrv2",
+        calls=(f"{_RUNNER}.req_states", "vllm.v1.worker.gpu.states:RequestState.req_id_to_index"),
+    )
     def initpipe_requests(self) -> list[str]:
         """The requests in ``req_states`` (MRv2's per-request state, sized by
         ``max_num_reqs`` and shared with the sampler, the speculator and the logits
         processors: never rebuilt, it outlives every KV phase)."""
         return sorted(self.req_states.req_id_to_index)  # type: ignore[attr-defined]
 
+    @vllm_uses("catalog_mrv2", calls=(f"{_RUNNER}.kv_caches",))
     def initpipe_kv_in_place(self) -> bool:
         return bool(getattr(self, "kv_caches", None)) or self.initpipe_run.kv_ready
 
     def initpipe_release_cuda_graphs(self) -> int:
         return release_cuda_graphs_v2(self)
 
+    @vllm_uses("catalog_mrv2", mirrors=(_TEARDOWN,))
     def initpipe_release_kv_cache(self) -> None:
         """The resize's teardown: the KV phase's teardowns in reverse and the runner's KV
         attributes dropped, as ``_teardown_profiling_state`` leaves them — but the LoRAs
@@ -443,6 +585,15 @@ class PipelinedRunnerV2Mixin(PipelineHost):
         gc.collect()
         torch.accelerator.empty_cache()
 
+    @vllm_uses(
+        "catalog_mrv2",
+        # stock's method delegates to the module function, which calls the patched global
+        mirrors=(
+            f"{_RUNNER}.profile_cudagraph_memory",
+            f"{_CG}:profile_cudagraph_memory",
+            _TEARDOWN,
+        ),
+    )
     def profile_cudagraph_memory(self) -> int:
         """vLLM's CUDA-graph memory profiling, its teardown going through the pipeline.
 
@@ -456,6 +607,7 @@ class PipelinedRunnerV2Mixin(PipelineHost):
         with _teardown_through(self, cudagraph_utils):
             return int(super().profile_cudagraph_memory())  # type: ignore[misc]
 
+    @vllm_uses("catalog_mrv2", mirrors=(f"{_RUNNER}.shutdown",))
     def shutdown(self) -> None:
         """Close the run first (stock's shutdown clears the forward context and deletes the
         model state, which the teardowns read), then vLLM's shutdown."""
@@ -466,6 +618,23 @@ class PipelinedRunnerV2Mixin(PipelineHost):
             super().shutdown()  # type: ignore[misc]
 
 
+@vllm_uses(
+    "catalog_mrv2",
+    mirrors=(_ELASTIC_RELEASE, _TEARDOWN),
+    calls=(
+        f"{_CG}:CudaGraphManager",
+        f"{_CG}:CudaGraphManager.graphs",
+        f"{_CG}:CudaGraphManager.release_graphs",
+        f"{_RUNNER}.cudagraph_manager",
+        f"{_RUNNER}.speculator",
+        f"{_RUNNER}.model_state",
+        f"{_MODEL_STATE}.supports_mm_inputs",
+        f"{_MODEL_STATE}.encoder_runner",
+        f"{_ENCODER_RUNNER}.cudagraph_manager",
+        f"{_ENCODER_RUNNER}.clear",
+        "vllm.v1.worker.encoder_cudagraph:EncoderCudaGraphManager.budget_graphs",
+    ),
+)
 def release_cuda_graphs_v2(runner: Any) -> int:
     """MRv2's graph owners, as vLLM's elastic-EP path releases them
     (``ElasticEPScalingExecutor._release_cuda_graphs``): the runner's ``cudagraph_manager``,
@@ -494,6 +663,7 @@ def release_cuda_graphs_v2(runner: Any) -> int:
     return held
 
 
+@vllm_uses("catalog_mrv2", mirrors=(_TEARDOWN,))
 @contextlib.contextmanager
 def _teardown_through(runner: Any, module: Any) -> Iterator[None]:
     """Point ``module._teardown_profiling_state`` at the runner's pipeline teardown."""
@@ -512,6 +682,20 @@ def _teardown_through(runner: Any, module: Any) -> Iterator[None]:
         module._teardown_profiling_state = stock
 
 
+@vllm_uses(
+    "catalog_mrv2",
+    # which MRv2 runner the stock workers build
+    mirrors=(
+        "vllm.v1.worker.cpu_worker:CPUWorker.init_device",
+        "vllm.v1.worker.gpu_worker:Worker._make_model_runner",
+    ),
+    calls=(
+        "vllm.platforms:current_platform",
+        "vllm.platforms.interface:Platform.is_cpu",
+        "vllm.v1.worker.cpu.model_runner:CPUModelRunner",
+        _RUNNER,
+    ),
+)
 def platform_runner_v2_class() -> type:
     """The MRv2 runner class the current platform's stock worker builds.
 
@@ -554,6 +738,14 @@ def _pipelined_v2(base: type) -> type:
     )
 
 
+@vllm_uses(
+    "catalog_mrv2",
+    calls=(
+        "vllm.v1.worker.cpu.model_runner:CPUModelRunner",
+        _RUNNER,
+        "vllm.v1.worker.xpu_model_runner:XPUModelRunnerV2",
+    ),
+)
 def resolve_v2_class(name: str) -> type | None:
     """The pipelined MRv2 class called ``name``, built on demand (None if not one)."""
     if name == "PipelinedCPUModelRunnerV2":

@@ -28,6 +28,7 @@ from typing import Any, Literal, NoReturn, get_args
 
 import attrs
 
+from ..contract.declare import Capability, vllm_uses
 from ..errors import UnsupportedRunnerError
 from .runner import pipelined_runner_class
 from .runner_v2 import pipelined_runner_v2_class
@@ -66,6 +67,29 @@ PIPELINED_VARIANTS: Mapping[str, str] = MappingProxyType(
     }
 )
 
+# vLLM names for the declarations (``module:qualname``).
+_BOTH: tuple[Capability, ...] = ("catalog_v1", "catalog_mrv2")
+_WORKER = "vllm.v1.worker.gpu_worker:Worker"
+_CPU = "vllm.v1.worker.cpu_worker:CPUWorker"
+_XPU = "vllm.v1.worker.xpu_worker:XPUWorker"
+_VLLM_CONFIG = "vllm.config.vllm:VllmConfig"
+_PLATFORM = "vllm.platforms.interface:Platform"
+_CURRENT_PLATFORM = "vllm.platforms:current_platform"
+_USE_V2_ENV = "vllm.envs:VLLM_USE_V2_MODEL_RUNNER"
+#: Where each platform resolves ``worker_cls="auto"`` to its stock worker.
+_CONFIG_HOOKS = (
+    "vllm.platforms.cpu:CpuPlatform.check_and_update_config",
+    "vllm.platforms.cuda:CudaPlatformBase.check_and_update_config",
+    "vllm.platforms.rocm:RocmPlatform.check_and_update_config",
+    "vllm.platforms.xpu:XPUPlatform.check_and_update_config",
+)
+_PLATFORM_CHECKS = (
+    _CURRENT_PLATFORM,
+    f"{_PLATFORM}.is_cpu",
+    f"{_PLATFORM}.is_xpu",
+    f"{_PLATFORM}.is_cuda_alike",
+)
+
 #: Why the pipelined worker cannot run a config (:attr:`Refusal.reason`).
 Reason = Literal["vllm-version", "platform", "model-runner-v2"]
 #: Appended when an explicitly chosen pipelined worker refuses (the opt-in falls back to it).
@@ -88,6 +112,22 @@ class Refusal:
     message: str
 
 
+@vllm_uses(
+    _BOTH,
+    mirrors=(
+        *_CONFIG_HOOKS,
+        f"{_VLLM_CONFIG}.use_v2_model_runner",
+        f"{_WORKER}._make_model_runner",
+        f"{_XPU}._make_model_runner",
+    ),
+    calls=(
+        *_PLATFORM_CHECKS,
+        _USE_V2_ENV,
+        f"{_VLLM_CONFIG}.is_mm_encoder_only",
+        f"{_VLLM_CONFIG}.watermark_config",
+        "vllm.config.attention:AttentionConfig.hisparse_config",
+    ),
+)
 def why_not_pipelined(vllm_config: Any, stock_worker: str | None) -> Refusal | None:
     """Why the pipelined worker cannot stand in for ``stock_worker`` on ``vllm_config``.
 
@@ -171,6 +211,7 @@ def _version_refusal(version: str | None) -> Refusal | None:
     )
 
 
+@vllm_uses(_BOTH, mirrors=_CONFIG_HOOKS, calls=_PLATFORM_CHECKS)
 def _platform_stock_worker() -> str | None:
     """The worker this platform resolves ``"auto"`` to, if initpipe has a variant of it.
 
@@ -262,6 +303,7 @@ def _why_model_runner_v2(vllm_config: Any) -> tuple[str, str]:
     )
 
 
+@vllm_uses(_BOTH, calls=(f"{_VLLM_CONFIG}.use_v2_model_runner",))
 def runner_version(vllm_config: Any) -> str:
     """``"v2"`` where vLLM builds Model Runner V2 for ``vllm_config``, else ``"v1"``."""
     try:
@@ -307,18 +349,28 @@ class _TracedWorkerMixin:
             f" and {chrome_path}" if chrome_path is not None else "",
         )
 
+    @vllm_uses(_BOTH, calls=(f"{_WORKER}.load_model",))
     def load_model(self, *args: Any, **kwargs: Any) -> Any:
         with self._initpipe_span("load_model (weights)"):
             return super().load_model(*args, **kwargs)  # type: ignore[misc]
 
+    @vllm_uses(
+        _BOTH,
+        calls=(f"{_WORKER}.determine_available_memory", f"{_CPU}.determine_available_memory"),
+    )
     def determine_available_memory(self) -> Any:
         with self._initpipe_span("determine_available_memory (memory profiling)"):
             return super().determine_available_memory()  # type: ignore[misc]
 
+    @vllm_uses(_BOTH, calls=(f"{_WORKER}.initialize_from_config",))
     def initialize_from_config(self, kv_cache_config: Any) -> Any:
         with self._initpipe_span("initialize_from_config (KV cache)"):
             return super().initialize_from_config(kv_cache_config)  # type: ignore[misc]
 
+    @vllm_uses(
+        _BOTH,
+        calls=(f"{_WORKER}.compile_or_warm_up_model", f"{_CPU}.compile_or_warm_up_model"),
+    )
     def compile_or_warm_up_model(self) -> Any:
         with self._initpipe_span("compile_or_warm_up_model (warm-up, compile, capture)"):
             result = super().compile_or_warm_up_model()  # type: ignore[misc]
@@ -328,6 +380,7 @@ class _TracedWorkerMixin:
         self._initpipe_write_trace()
         return result
 
+    @vllm_uses(_BOTH, calls=(f"{_WORKER}.shutdown", f"{_XPU}.shutdown"))
     def shutdown(self) -> None:
         try:
             self._initpipe_write_trace()
@@ -335,6 +388,24 @@ class _TracedWorkerMixin:
             super().shutdown()  # type: ignore[misc]
 
 
+@vllm_uses(
+    _BOTH,
+    mirrors=(
+        f"{_CPU}.init_device",
+        # the module globals init_device builds the runner from, patched for the call
+        "vllm.v1.worker.cpu_worker:CPUModelRunner",
+        "vllm.v1.worker.cpu.model_runner:CPUModelRunner",
+    ),
+    calls=(
+        _CPU,
+        "vllm.v1.worker.cpu_model_runner:CPUModelRunner",
+        "vllm.v1.worker.cpu_model_runner:CPUModelRunner.__init__",
+        "vllm.v1.worker.gpu.model_runner:GPUModelRunner.__init__",
+        f"{_CPU}.model_runner",
+        _CURRENT_PLATFORM,
+        _USE_V2_ENV,
+    ),
+)
 @functools.cache
 def _cpu_worker() -> type:
     check_vllm_version()
@@ -382,6 +453,16 @@ def _cpu_worker() -> type:
     return PipelinedCPUWorker
 
 
+@vllm_uses(
+    _BOTH,
+    mirrors=(f"{_WORKER}._make_model_runner", f"{_XPU}._make_model_runner"),
+    calls=(
+        f"{_WORKER}.__init__",
+        f"{_WORKER}.use_v2_model_runner",
+        _CURRENT_PLATFORM,
+        _USE_V2_ENV,
+    ),
+)
 def _accelerator_worker(
     name: str, stock: Any, stock_name: str, runner: Any, runner_v2: Callable[[], type], doc: str
 ) -> type:
@@ -408,24 +489,38 @@ def _accelerator_worker(
     return cls
 
 
+@vllm_uses("catalog_mrv2", calls=("vllm.v1.worker.cpu.model_runner:CPUModelRunner",))
 def _cpu_v2_runner() -> type:
     from vllm.v1.worker.cpu.model_runner import CPUModelRunner
 
     return CPUModelRunner
 
 
+@vllm_uses("catalog_mrv2", calls=("vllm.v1.worker.gpu.model_runner:GPUModelRunner",))
 def _gpu_v2_runner() -> type:
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
     return GPUModelRunner
 
 
+@vllm_uses("catalog_mrv2", calls=("vllm.v1.worker.xpu_model_runner:XPUModelRunnerV2",))
 def _xpu_v2_runner() -> type:
     from vllm.v1.worker.xpu_model_runner import XPUModelRunnerV2
 
     return XPUModelRunnerV2
 
 
+@vllm_uses(
+    _BOTH,
+    mirrors=(f"{_WORKER}._make_model_runner",),
+    calls=(
+        _WORKER,
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner",
+        "vllm.v1.worker.gpu.model_runner:GPUModelRunner",
+        _CURRENT_PLATFORM,
+        _USE_V2_ENV,
+    ),
+)
 @functools.cache
 def _gpu_worker() -> type:
     check_vllm_version()
@@ -447,6 +542,18 @@ def _gpu_worker() -> type:
     )
 
 
+@vllm_uses(
+    _BOTH,
+    mirrors=(f"{_XPU}._make_model_runner",),
+    calls=(
+        _XPU,
+        f"{_XPU}.__init__",
+        "vllm.v1.worker.xpu_model_runner:XPUModelRunner",
+        "vllm.v1.worker.xpu_model_runner:XPUModelRunnerV2",
+        _CURRENT_PLATFORM,
+        _USE_V2_ENV,
+    ),
+)
 @functools.cache
 def _xpu_worker() -> type:
     check_vllm_version()
