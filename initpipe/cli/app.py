@@ -106,6 +106,11 @@ DELEGATED: dict[str, tuple[str, str]] = {
         "initpipe_vllm.hook.plugin",
         "print the worker class to pass to vLLM (worker_cls= / --worker-cls)",
     ),
+    "doctor": (
+        "initpipe_vllm.tools.doctor",
+        "which capabilities a vLLM (installed, a folder or a wheel) supports: the vLLM "
+        "code initpipe mirrors, checked against the releases it has locked",
+    ),
     "plan": (
         "initpipe_vllm.tools.plan",
         "what a vLLM worker would allocate for a model config, "
