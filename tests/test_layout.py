@@ -7,7 +7,8 @@ Layers, lowest first:
 - ``initpipe``: core (``initpipe``, ``initpipe._*``, ``errors``, ``files``, ``testing``)
   <- ``initpipe.view`` <- ``initpipe.cli``;
 - ``initpipe_vllm``: the catalog (the package, its stage modules, ``types``, ``errors``)
-  <- ``contract`` (what the catalog mirrors of vLLM, and the check) <- ``hook`` (with the ``worker``/``runner`` re-exports) <- ``resize`` <- ``serve`` <- ``testing``
+  <- ``contract`` (what the catalog mirrors of vLLM, and the check) <- ``hook`` (with the
+  ``worker``/``runner`` re-exports) <- ``resize`` <- ``serve`` <- ``testing``
   (with the ``pytest_plugin`` re-export) <- ``tools``;
 - one exception, declared in :data:`FACADES`: the package ``initpipe_vllm`` re-exports the
   public resize API from ``resize`` lazily (PEP 562 ``__getattr__``). Imports inside a

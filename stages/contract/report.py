@@ -332,9 +332,7 @@ def verdict(capability: str) -> Verdict:
             break
     seconds = time.perf_counter() - start
     if best is None:
-        return Verdict(
-            capability, False, source.version, source.distribution, None, 0, (), seconds
-        )
+        return Verdict(capability, False, source.version, source.distribution, None, 0, (), seconds)
     lock, differing, checked = best
     return Verdict(
         capability,

@@ -90,7 +90,7 @@ def route_worker(vllm_config: Any, *, was_auto: bool) -> None:
         vllm_config: the ``VllmConfig`` being built.
         was_auto: whether ``worker_cls`` was ``"auto"`` before the platform resolved it.
     """
-    from .worker import runner_version, why_not_pipelined
+    from .worker import contract_match, runner_version, why_not_pipelined
 
     parallel = vllm_config.parallel_config
     if not was_auto:
@@ -114,10 +114,11 @@ def route_worker(vllm_config: Any, *, was_auto: bool) -> None:
     catalog = "Model Runner V2" if runner_version(vllm_config) == "v2" else "v1 runner"
     logger.info(
         "initpipe: vLLM workers initialize through the initpipe pipeline (%s=1; worker_cls=%s; "
-        "the %s catalog).",
+        "the %s catalog). %s.",
         ENV_VAR,
         PIPELINED_WORKER,
         catalog,
+        contract_match(vllm_config),
     )
 
 

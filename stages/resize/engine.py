@@ -11,7 +11,8 @@ own process, where the only code that reaches it is ``load_general_plugins()`` i
 (``vllm/v1/engine/core.py``); and the ``Scheduler`` keeps its ``KVCacheManager`` (block
 pool, prefix cache) with no way to swap it. So :func:`install` adds two methods to
 ``EngineCore`` — :data:`RESIZE_METHOD` and :data:`INFO_METHOD` — and nothing else; it
-refuses another vLLM version. The scheduler is kept (its queues and finished-request ids
+refuses a vLLM whose replayed code differs from every locked release (the contract,
+:mod:`initpipe_vllm.contract`). The scheduler is kept (its queues and finished-request ids
 live on it); its ``KVCacheManager`` is replaced and every attribute ``Scheduler.__init__``
 derives from the KV config is recomputed, and the new cache is planned as
 ``EngineCore._initialize_kv_caches`` plans it: both replays live in :mod:`.replay`. Each
@@ -36,9 +37,8 @@ from typing import Any, NoReturn
 import attrs
 
 from ..contract.declare import vllm_uses
-from ..errors import ResizeError, ResizeRefusedError
+from ..errors import ResizeError, ResizeRefusedError, UnsupportedRunnerError
 from ..hook import PIPELINED_WORKER
-from ..hook.worker import SUPPORTED_VLLM
 from . import rank as ranks
 from .hold import ENV_HOLD, install_from_env
 from .replay import Plan, plan, plan_or_explain, rebuild_scheduler_kv, refuse
@@ -129,12 +129,11 @@ def _qualname(obj: Any) -> str:
 
 
 def _check_engine(core: Any, statuses: list[dict[str, Any]]) -> None:
-    import vllm
+    from ..contract.report import verdict
 
-    if vllm.__version__ != SUPPORTED_VLLM:
-        raise refuse(
-            "engine", f"vLLM {vllm.__version__} is installed; resize covers {SUPPORTED_VLLM}"
-        )
+    found = verdict("resize")
+    if not found.ok:
+        raise refuse("engine", found.describe())
     parallel = core.vllm_config.parallel_config
     if parallel.data_parallel_size > 1:
         raise refuse(
@@ -718,13 +717,16 @@ def install() -> None:
     nothing until called.
 
     Raises:
-        UnsupportedRunnerError: not vLLM 0.32.0.
+        UnsupportedRunnerError: the installed vLLM's engine-core and scheduler code that the
+            resize replays differs from every release initpipe has locked (the contract).
     """
+    from ..contract.report import verdict
+
+    found = verdict("resize")  # read from the files: nothing of vLLM imported before it
+    if not found.ok:
+        raise UnsupportedRunnerError(f"live KV resize is not installed: {found.describe()}")
     from vllm.v1.engine.core import EngineCore
 
-    from ..hook.worker import check_vllm_version
-
-    check_vllm_version()
     setattr(EngineCore, RESIZE_METHOD, _resize_method)
     setattr(EngineCore, INFO_METHOD, _info_method)
 
@@ -738,8 +740,6 @@ def register() -> None:
     process (the engine core's own process is reached by nothing else), and the test
     facility :mod:`.hold` where ``INITPIPE_HOLD_STEPS`` is set. Never raises: on another
     vLLM it installs no resize (a resize then says why)."""
-    from ..errors import UnsupportedRunnerError
-
     try:
         install()
     except UnsupportedRunnerError as err:

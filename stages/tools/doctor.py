@@ -59,9 +59,7 @@ def _parser() -> argparse.ArgumentParser:
         ".whl file (default: the installed vLLM, found without importing it)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument(
-        "--all", action="store_true", help="list identical functions too (text report)"
-    )
+    p.add_argument("--all", action="store_true", help="list identical functions too (text report)")
     p.add_argument(
         "--write-lock",
         metavar="DIR",

