@@ -32,6 +32,7 @@ BENCHES = {
     "resize": "Live KV resize vs an engine restart; memory a shrink or release returns",
     "serve": "KV resize over HTTP vs a server restart",
     "mrv2": "Model Runner V2: engine start and KV re-init vs stock MRv2",
+    "contract": "The vLLM contract: start-up gate and `initpipe doctor`",
 }
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -48,7 +48,9 @@ class _Folder:
             yield from (f"{rel}/{f}" for f in files)
 
     def tops(self) -> Iterator[str]:
-        return (p.name for p in self.root.iterdir() if p.is_dir())
+        with os.scandir(self.root) as entries:  # a site-packages folder: hundreds of entries
+            names = [e.name for e in entries if _DIST_INFO.fullmatch(e.name)]
+        return (n for n in names if (self.root / n).is_dir())
 
 
 class _Wheel:
@@ -177,16 +179,21 @@ def _identify(store: _Folder | _Wheel) -> tuple[str, str]:
         meta = store.read(f"{info}/METADATA") if _DIST_INFO.fullmatch(info) else None
         if meta is None:
             continue
-        headers = BytesHeaderParser().parsebytes(meta)
+        # the headers end at the first blank line; the long description after it is big
+        headers = BytesHeaderParser().parsebytes(meta.split(b"\n\n", 1)[0])
         name, version = headers.get("Name", "").strip(), headers.get("Version", "").strip()
         if name and version:
-            record = store.read(f"{info}/RECORD") or b""
-            owns = any(r.split(b",")[0] == b"vllm/__init__.py" for r in record.splitlines())
-            found.append((not owns, info, name, version))
+            found.append((info, name, version))
+    if len(found) > 1:  # several: the one whose RECORD lists vllm/__init__.py
+        found.sort(key=lambda f: (not _owns(store.read(f"{f[0]}/RECORD") or b""), f[0]))
     if found:
-        _, _, name, version = min(found)
+        _, name, version = found[0]
         return re.sub(r"[-_.]+", "-", name).lower(), version
     return "unknown", _version_py(store.read("vllm/_version.py"))
+
+
+def _owns(record: bytes) -> bool:
+    return any(r.split(b",")[0] == b"vllm/__init__.py" for r in record.splitlines())
 
 
 def _version_py(data: bytes | None) -> str:

@@ -560,3 +560,37 @@ def test_installed_candidates(vllm_index: Index) -> None:
         c.defined_in for c in moved
     }
     assert all(isinstance(c, Found) and c.status == "found" for c in moved)
+
+
+# instance attributes and enums
+
+
+def test_instance_attribute_set_in_methods(make_index: Make) -> None:
+    runner = (
+        "class Base:\n    def __init__(self):\n        self.kv = []\n"
+        "class Runner(Base):\n    def init(self, cfg):\n        self.cfg, self.n = cfg, 1\n"
+        "        other.kv = 2\n"
+    )
+    index = make_index({"vllm/r.py": runner})
+    kv = index.resolve("vllm.r:Runner.kv", "calls")
+    assert (kv.status, kv.defined_in) == ("found", "vllm.r:Base.kv")  # along the MRO
+    cfg = index.resolve("vllm.r:Runner.cfg", "calls")
+    assert cfg.status == "found" and cfg.defined_in == "vllm.r:Runner.cfg"  # tuple target
+    assert index.resolve("vllm.r:Runner.nope", "calls").status == "missing"
+    # calls: where it is set (not what); mirrors: the assigning statements
+    moved = make_index({"vllm/r.py": runner.replace("def init(", "def setup(")})
+    assert moved.resolve("vllm.r:Runner.cfg", "calls").digest != cfg.digest
+    value = make_index({"vllm/r.py": runner.replace("cfg, 1", "cfg, 2")})
+    assert value.resolve("vllm.r:Runner.cfg", "calls").digest == cfg.digest
+    mirrors = index.resolve("vllm.r:Runner.cfg", "mirrors").digest
+    assert value.resolve("vllm.r:Runner.cfg", "mirrors").digest != mirrors
+
+
+def test_an_enum_signature_is_its_members(make_index: Make) -> None:
+    text = "import enum\nclass Mode(str, enum.Enum):\n    A = 'a'\n    B = 'b'\n"
+    found = make_index({"vllm/e.py": text}).resolve("vllm.e:Mode", "calls")
+    assert found.status == "found"
+    renamed = make_index({"vllm/e.py": text.replace("B = 'b'", "C = 'b'")})
+    assert renamed.resolve("vllm.e:Mode", "calls").digest != found.digest
+    revalued = make_index({"vllm/e.py": text.replace("B = 'b'", "B = 'bb'")})
+    assert revalued.resolve("vllm.e:Mode", "calls").digest == found.digest

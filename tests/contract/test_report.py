@@ -1,0 +1,77 @@
+"""The comparison's statuses and verdicts on small synthetic trees: a lock built from one
+tree, read against edited copies (moved, near-equal move, ambiguous, missing, unknown,
+a name the lock does not record, several locks)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from initpipe_vllm.contract.declare import Use
+from initpipe_vllm.contract.lock import build
+from initpipe_vllm.contract.report import compare
+from initpipe_vllm.contract.source import open_source
+
+MakeTree = Callable[..., Path]
+
+RUN = "def run(a, b=1):\n    x = a + b\n    y = x * 2\n    z = y - 1\n    w = z + x\n    return w\n"
+BASE = {"vllm/a.py": RUN, "vllm/b.py": "def other():\n    return 0\n"}
+USES = (
+    Use("vllm.a:run", "mirrors", ("catalog_v1",), "initpipe_vllm:s1"),
+    Use("vllm.b:other", "calls", ("serve",), "initpipe_vllm.serve.routes:f"),
+)
+
+
+def _statuses(make_tree: MakeTree, files: dict[str, str], uses=USES) -> dict[str, tuple]:
+    lock = build(open_source(make_tree(BASE)), USES)
+    report = compare(open_source(make_tree(files)), uses, [lock])
+    return {
+        "functions": {e.name: (e.status, e.moved_to) for e in report.functions},
+        "capabilities": dict(report.capabilities),
+    }
+
+
+def test_identical_tree_is_ok(make_tree: MakeTree) -> None:
+    got = _statuses(make_tree, BASE)
+    assert got["functions"] == {"vllm.a:run": ("identical", ()), "vllm.b:other": ("identical", ())}
+    assert got["capabilities"] == {"catalog_v1": "ok", "serve": "ok"}
+
+
+def test_a_function_moved_as_is_or_nearly(make_tree: MakeTree) -> None:
+    moved = {"vllm/a.py": "", "vllm/c.py": RUN, "vllm/b.py": BASE["vllm/b.py"]}
+    got = _statuses(make_tree, moved)
+    assert got["functions"]["vllm.a:run"] == ("moved", ("vllm.c:run",))
+    assert got["capabilities"] == {"catalog_v1": "broken", "serve": "ok"}
+    near = {**moved, "vllm/c.py": RUN.replace("z = y - 1", "z = y - 2")}  # 4 of 5 statements
+    assert _statuses(make_tree, near)["functions"]["vllm.a:run"] == ("moved", ("vllm.c:run",))
+
+
+def test_several_candidates_are_ambiguous_and_none_alike_is_missing(make_tree: MakeTree) -> None:
+    two = {"vllm/a.py": "", "vllm/c.py": RUN, "vllm/d.py": RUN, "vllm/b.py": BASE["vllm/b.py"]}
+    status, where = _statuses(make_tree, two)["functions"]["vllm.a:run"]
+    assert (status, where) == ("ambiguous", ("vllm.c:run", "vllm.d:run"))
+    unlike = {**two, "vllm/c.py": "def run():\n    return 5\n", "vllm/d.py": ""}
+    assert _statuses(make_tree, unlike)["functions"]["vllm.a:run"] == (
+        "missing",
+        ("vllm.c:run",),
+    )
+    gone = {"vllm/a.py": "", "vllm/b.py": BASE["vllm/b.py"]}
+    assert _statuses(make_tree, gone)["functions"]["vllm.a:run"] == ("missing", ())
+
+
+def test_unknown_and_unlocked_names_are_not_ok(make_tree: MakeTree) -> None:
+    lazy = {**BASE, "vllm/b.py": "def __getattr__(name):\n    return 0\n"}
+    got = _statuses(make_tree, lazy)
+    assert got["functions"]["vllm.b:other"] == ("unknown", ())
+    assert got["capabilities"]["serve"] == "broken"
+    extra = (*USES, Use("vllm.b:other", "mirrors", ("serve",), "x:y"))
+    got = _statuses(make_tree, BASE, extra)
+    assert got["capabilities"]["serve"] == "broken"  # declared since the lock was written
+
+
+def test_a_capability_is_ok_against_another_locked_release(make_tree: MakeTree) -> None:
+    old = build(open_source(make_tree(BASE)), USES)
+    new_files = {**BASE, "vllm/a.py": RUN.replace("return w", "return w + 1")}
+    new = build(open_source(make_tree(new_files)), USES)
+    report = compare(open_source(make_tree(new_files)), USES, [old, new])
+    assert report.capabilities == {"catalog_v1": "ok", "serve": "ok"}
