@@ -39,6 +39,11 @@ if TYPE_CHECKING:
 
 #: The v1 runner whose methods the stages below replace (``meta["mirrors"]``).
 _RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+#: What :func:`_kv_cache_disabled` calls (declared by the stages that use it).
+_EC_TRANSFER = (
+    "vllm.distributed.ec_transfer:get_ec_transfer",
+    "vllm.distributed.ec_transfer:has_ec_transfer",
+)
 
 __all__ = [
     "attention_cp_compatible",
@@ -92,8 +97,7 @@ def attention_layers(vllm_config: VllmConfig, model: Any) -> dict[str, Attention
     meta={
         "mirrors": (f"{_RUNNER}.get_kv_cache_spec",),
         "calls": (
-            "vllm.distributed.ec_transfer:get_ec_transfer",
-            "vllm.distributed.ec_transfer:has_ec_transfer",
+            *_EC_TRANSFER,
             "vllm.model_executor.layers.attention:Attention",
         ),
     },
@@ -161,8 +165,7 @@ def check_sharing_target(
     meta={
         "mirrors": (f"{_RUNNER}.get_kv_cache_spec",),
         "calls": (
-            "vllm.distributed.ec_transfer:get_ec_transfer",
-            "vllm.distributed.ec_transfer:has_ec_transfer",
+            *_EC_TRANSFER,
             "vllm.v1.kv_cache_interface:AttentionSpec",
             "vllm.v1.worker.utils:customize_attention_spec",
         ),

@@ -22,6 +22,7 @@ from ..contract.lock import LockError, build, write
 from ..contract.report import Entry, Report, compare
 from ..contract.source import open_source
 from ..errors import VllmSourceError
+from ._cli import Parser, UsageError
 
 __all__ = ["TITLES", "main", "render"]
 
@@ -36,17 +37,8 @@ TITLES = {
 assert set(TITLES) == set(CAPABILITIES)
 
 
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise _UsageError(message)
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog="initpipe doctor",
         description="Check a vLLM against the vLLM code initpipe mirrors and calls: per "
         "capability, every declared vLLM function is identical, changed, moved, ambiguous, "
@@ -102,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``initpipe doctor``; returns the exit status (0 ok, 1 broken, 2 bad input)."""
     try:
         args = _parser().parse_args(argv)
-    except _UsageError as err:
+    except UsageError as err:
         print(f"Error: {err}", file=sys.stderr)
         return 2
     except SystemExit as exit_:  # --help

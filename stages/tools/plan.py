@@ -72,6 +72,7 @@ import attrs
 from initpipe import KV, MODEL, Pipeline
 
 from ..contract.declare import vllm_uses
+from ._cli import Parser, UsageError
 from .plan_meta import (
     ASSUMED_CAPABILITY,
     engine_config,
@@ -554,15 +555,6 @@ def _notes(backend: str, platform: Any, cfg: Any) -> tuple[str, ...]:
 
 
 # -- CLI ------------------------------------------------------------------------------------
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise _UsageError(message)
-
-
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
 
 
@@ -589,7 +581,7 @@ def _positive(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog="initpipe plan",
         description="What a vLLM worker would allocate for a "
         "model (KV shapes, dtypes, bytes, groups, builders), planned on the meta "
@@ -644,10 +636,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
         if not os.path.isdir(args.model):
-            raise _UsageError(f"--model {args.model!r} is not a directory.")
+            raise UsageError(f"--model {args.model!r} is not a directory.")
         if not os.path.isfile(os.path.join(args.model, "config.json")):
-            raise _UsageError(f"--model {args.model!r} has no config.json.")
-    except _UsageError as err:
+            raise UsageError(f"--model {args.model!r} has no config.json.")
+    except UsageError as err:
         print(f"Error: {err}", file=sys.stderr)
         return 2
     except SystemExit as exit_:  # --help
