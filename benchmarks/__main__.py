@@ -33,6 +33,7 @@ BENCHES = {
     "serve": "KV resize over HTTP vs a server restart",
     "mrv2": "Model Runner V2: engine start and KV re-init vs stock MRv2",
     "contract": "The vLLM contract: start-up gate and `initpipe doctor`",
+    "spans": "initpipe's stage spans: tracing off vs none, cost per span when on",
 }
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -40,10 +40,13 @@ from typing import Any
 
 from initpipe.files import private_dir
 
+from .spans import emit as emit_spans
+
 __all__ = [
     "ENV_LOG_STAGES",
     "ENV_TRACE",
     "add_listener",
+    "emit_spans",
     "failure_trace_path",
     "failure_trace_pattern",
     "listeners",
@@ -122,6 +125,7 @@ def listeners(rank: int | None = None, *, stage_lines: bool = True) -> list[Call
 def log_phase(run: Any, phase: str, rank: int | None = None) -> None:
     """One summary line for a completed phase: stage count, total and slowest stage
     (INFO, or DEBUG when ``INITPIPE_LOG_STAGES=0``; naming ``rank`` unless None)."""
+    emit_spans(run.trace, phase, rank)  # as spans too, when vLLM's tracing is on
     level = logging.INFO if stage_lines_enabled() else logging.DEBUG
     if not logger.isEnabledFor(level):
         return
@@ -211,6 +215,7 @@ def report_failure(
 
     Returns the trace path, or None if it could not be written (the line is logged anyway).
     """
+    emit_spans(trace, err.phase, rank if world_size > 1 else None)  # the error span too
     path: Path | None = None
     try:
         path = failure_trace_path(rank, world_size)

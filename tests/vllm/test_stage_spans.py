@@ -1,0 +1,110 @@
+"""A real engine with vLLM's tracing on sends initpipe's stages as spans nested in vLLM's
+own (in-process placement; the pipelined worker), and a failing stage as an error span.
+
+Two subprocess engines (``stage_spans_script.py``: tracing set up at start mutates the
+process), each sending OTLP/HTTP protobuf to a loopback receiver in this process
+(``initpipe_vllm.tools.otlp``). The spans are flushed when the engine's process exits.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from initpipe_vllm import catalog
+from initpipe_vllm.tools.otlp import Receiver, Span
+
+pytest.importorskip("vllm")
+pytest.importorskip("opentelemetry.proto")
+
+HERE = Path(__file__).parent
+MODEL = Path(__file__).parents[2] / "stages" / "models" / "tiny-llama"
+
+
+def _engine_spans(*extra: str) -> tuple[list[Span], str]:
+    with Receiver() as rx:
+        res = subprocess.run(
+            [sys.executable, str(HERE / "stage_spans_script.py"), str(MODEL), rx.endpoint, *extra],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"},
+        )
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert rx.errors == []
+        return rx.wait_for(lambda s: bool(s), 5), res.stderr
+
+
+@pytest.fixture(scope="module")
+def started() -> list[Span]:
+    spans, err = _engine_spans()
+    assert "ENGINE OK" in err
+    return spans
+
+
+def _parents(spans: list[Span]) -> dict[str, Span]:
+    return {s.span_id: s for s in spans}
+
+
+def test_every_stage_is_a_span_inside_the_vllm_step_that_ran_it(started: list[Span]) -> None:
+    by_id = _parents(started)
+    mine = [s for s in started if s.scope == "initpipe"]
+    pipeline = catalog()
+    expected = {name: spec.needs for name, spec in pipeline.specs.items()}
+    assert sorted(s.name for s in mine) == sorted(expected)  # each stage once
+    # in-process: the engine core's "Prepare model" runs the model phase (through
+    # get_kv_cache_spec), the worker's "Allocate KV cache" the KV phase
+    parent_of = {"model": "Prepare model", "kv_cache_config": "Allocate KV cache"}
+    for s in mine:
+        parent = by_id[s.parent_id]
+        assert parent.scope != "initpipe" and parent.name == parent_of[expected[s.name]], s.name
+        assert parent.trace_id == s.trace_id
+        # one wall clock: the stage lies inside its parent (1 ms of conversion slack)
+        assert parent.start_ns - 1e6 <= s.start_ns <= s.end_ns <= parent.end_ns + 1e6
+        assert s.attributes["initpipe.stage"] == s.name
+        assert s.attributes["initpipe.phase"] == expected[s.name]
+        assert (s.attributes["initpipe.kind"], s.attributes["initpipe.outcome"]) == ("stage", "ok")
+        assert s.attributes["initpipe.rank"] == 0 and s.status == "unset"
+    vllm_names = {s.name for s in started if s.scope != "initpipe"}
+    assert {"Executor init", "Load model", "Prepare model", "Allocate KV cache"} <= vllm_names
+
+
+def test_a_failing_stage_is_an_error_span_and_the_rollback_is_there() -> None:
+    spans, err = _engine_spans("kv_caches")
+    assert "ENGINE FAILED" in err and "disk on fire in kv_caches" in err
+    mine = {s.name: s for s in spans if s.scope == "initpipe"}
+    failed = mine["kv_caches"]
+    assert failed.status == "error" and "disk on fire in kv_caches" in failed.status_message
+    assert failed.events == (
+        (
+            "exception",
+            {"exception.type": "OSError", "exception.message": "disk on fire in kv_caches"},
+        ),
+    )
+    # what ran before it was rolled back, each teardown a span of its own
+    assert mine["allocated_kv_caches (teardown)"].attributes["initpipe.kind"] == "teardown"
+    assert "runner_kv_caches" not in mine  # never reached
+
+
+def test_the_receiver_binds_only_to_loopback() -> None:
+    from initpipe_vllm.tools.otlp import ReceiverError
+
+    with pytest.raises(ReceiverError, match="loopback"):
+        Receiver("0.0.0.0")
+
+
+def test_the_receiver_refuses_a_body_that_is_no_otlp_export() -> None:
+    import urllib.error
+    import urllib.request
+
+    with Receiver() as rx:
+        req = urllib.request.Request(rx.endpoint, data=b"\xff\xfenot protobuf", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=10)
+        assert err.value.code == 400
+        assert rx.errors and "not an OTLP trace export" in rx.errors[0]
+        assert rx.spans == []
