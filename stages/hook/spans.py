@@ -82,6 +82,8 @@ def emit(trace: Any, phase: str, rank: int | None = None, provider: Any = None) 
     from opentelemetry.trace import Status, StatusCode
 
     tracer = otel.get_tracer(SCOPE, tracer_provider=provider)
+    if hasattr(tracer, "id_generator"):  # the SDK's Tracer
+        tracer.id_generator = _os_random_ids()
     t = trace
 
     def ns(perf: float) -> int:
@@ -126,6 +128,28 @@ def emit(trace: Any, phase: str, rank: int | None = None, provider: Any = None) 
         phase_span.end(end_time=ns(end))
     return len(records)
 
+
+def _os_random_ids() -> Any:
+    """Span and trace ids from ``os.urandom``. The SDK's default generator draws them from
+    the global ``random`` module, which vLLM re-seeds (``seed=0`` at worker start): spans
+    made after each re-seed get the same ids again (seen: a worker's ``Loading (CPU)`` and
+    a later span with one id), which breaks the tree. initpipe's spans never draw there."""
+    from opentelemetry.sdk.trace.id_generator import IdGenerator
+
+    class OsRandomIds(IdGenerator):
+        def generate_span_id(self) -> int:
+            return int.from_bytes(os.urandom(8), "big") or 1
+
+        def generate_trace_id(self) -> int:
+            return int.from_bytes(os.urandom(16), "big") or 1
+
+    global _IDS
+    if _IDS is None:
+        _IDS = OsRandomIds()
+    return _IDS
+
+
+_IDS: Any = None
 
 #: W3C trace-context keys vLLM propagates to child processes through the environment.
 _HEADERS = ("traceparent", "tracestate")

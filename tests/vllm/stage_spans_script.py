@@ -3,14 +3,18 @@ worker with vLLM's tracing sent to an OTLP/HTTP endpoint; optionally one KV stag
 by a failing one. Exits once the engine has answered one request (or failed to start); the
 spans are flushed at exit (vLLM's tracer provider shuts down in ``atexit``).
 
-Usage: ``python stage_spans_script.py MODEL_DIR ENDPOINT [FAILING_STAGE]``.
+Usage: ``python stage_spans_script.py MODEL_DIR ENDPOINT [FAILING_STAGE]``. With
+``INITPIPE_TEST_OWN_PROCESS=1`` the engine core runs in its own process (vLLM's default):
+the script then waits a second after the request, so the engine core's batch processor
+(200 ms) has sent its spans before vLLM stops it.
 """
 
 import functools
 import os
 import sys
 
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+OWN_PROCESS = os.environ.get("INITPIPE_TEST_OWN_PROCESS") == "1"
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if OWN_PROCESS else "0"
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
 os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "200"  # ms: spans arrive while the process lives
@@ -32,20 +36,32 @@ if len(sys.argv) > 3:
     bad = stage(failing, needs=KV, provides=original.provides, teardown=original.teardown)
     pipelined_runner_class().initpipe_default_pipeline = catalog().replace(name, bad)
 
-from vllm import LLM, SamplingParams  # noqa: E402
 
-kwargs, _ = engine_kwargs(model)
-try:
-    # disable_log_stats=False: with tracing on and stats off, vLLM 0.32's first request
-    # fails in OutputProcessor.do_tracing (req_state.stats is None)
-    llm = LLM(
-        worker_cls="initpipe_vllm.worker.PipelinedWorker",
-        otlp_traces_endpoint=endpoint,
-        disable_log_stats=False,
-        **kwargs,
-    )
-except Exception as err:  # the failing-stage run: the spans say what happened
-    print(f"ENGINE FAILED: {type(err).__name__}: {err}", file=sys.stderr)
-    sys.exit(0)
-llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=2, seed=0))
-print("ENGINE OK", file=sys.stderr)
+def main() -> None:
+    from vllm import LLM, SamplingParams
+
+    kwargs, _ = engine_kwargs(model)
+    if OWN_PROCESS:
+        kwargs["gpu_memory_utilization"] = 0.5  # vLLM checks free memory in its own process
+    try:
+        # disable_log_stats=False: with tracing on and stats off, vLLM 0.32's first request
+        # fails in OutputProcessor.do_tracing (req_state.stats is None)
+        llm = LLM(
+            worker_cls="initpipe_vllm.worker.PipelinedWorker",
+            otlp_traces_endpoint=endpoint,
+            disable_log_stats=False,
+            **kwargs,
+        )
+    except Exception as err:  # the failing-stage run: the spans say what happened
+        print(f"ENGINE FAILED: {type(err).__name__}: {err}", file=sys.stderr)
+        return
+    llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=2, seed=0))
+    if OWN_PROCESS:
+        import time
+
+        time.sleep(1.0)
+    print("ENGINE OK", file=sys.stderr)
+
+
+if __name__ == "__main__":  # the engine core's own process imports this module too
+    main()

@@ -25,14 +25,16 @@ HERE = Path(__file__).parent
 MODEL = Path(__file__).parents[2] / "stages" / "models" / "tiny-llama"
 
 
-def _engine_spans(*extra: str) -> tuple[list[Span], str]:
+def _engine_spans(*extra: str, own_process: bool = False) -> tuple[list[Span], str]:
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
+    env["INITPIPE_TEST_OWN_PROCESS"] = "1" if own_process else "0"
     with Receiver() as rx:
         res = subprocess.run(
             [sys.executable, str(HERE / "stage_spans_script.py"), str(MODEL), rx.endpoint, *extra],
             capture_output=True,
             text=True,
             timeout=600,
-            env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"},
+            env=env,
         )
         assert res.returncode == 0, res.stderr[-3000:]
         assert rx.errors == []
@@ -71,6 +73,33 @@ def test_every_stage_is_a_span_inside_the_vllm_step_that_ran_it(started: list[Sp
         assert s.attributes["initpipe.rank"] == 0 and s.status == "unset"
     vllm_names = {s.name for s in started if s.scope != "initpipe"}
     assert {"Executor init", "Load model", "Prepare model", "Allocate KV cache"} <= vllm_names
+
+
+def test_with_the_engine_core_in_its_own_process_the_model_phase_has_its_own_span() -> None:
+    spans, err = _engine_spans(own_process=True)
+    assert "ENGINE OK" in err
+    worker = [s for s in spans if s.resource.get("vllm.process_kind") == "worker"]
+    by_id = _parents(worker)
+    mine = [s for s in worker if s.scope == "initpipe"]
+    pipeline = catalog()
+    stages = {s.name: s for s in mine if s.attributes.get("initpipe.kind") == "stage"}
+    assert sorted(stages) == sorted(pipeline.specs)
+    # the worker's get_kv_cache_spec runs under no vLLM span: initpipe's phase span holds
+    # the model phase, in the trace vLLM propagated to the worker (one trace, all processes)
+    (phase,) = [s for s in mine if s.name == "initpipe model phase"]
+    (core,) = [s for s in spans if s.name == "EngineCoreProc init"]
+    assert phase.trace_id == core.trace_id
+    for name, spec in pipeline.specs.items():
+        parent = by_id[stages[name].parent_id]
+        expected = phase if spec.needs == "model" else None
+        if expected is not None:
+            assert parent == expected, name
+        else:
+            assert (parent.name, parent.scope != "initpipe") == ("Allocate KV cache", True)
+    # ids: initpipe's never repeat (vLLM re-seeds `random`, which the SDK's ids come from)
+    ids = [s.span_id for s in mine]
+    assert len(set(ids)) == len(ids)
+    assert not set(ids) & {s.span_id for s in spans if s.scope != "initpipe"}
 
 
 def test_a_failing_stage_is_an_error_span_and_the_rollback_is_there() -> None:
