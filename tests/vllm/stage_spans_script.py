@@ -19,10 +19,10 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
 os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "200"  # ms: spans arrive while the process lives
 
-from initpipe import KV, stage
-from initpipe_vllm import catalog
-from initpipe_vllm.runner import pipelined_runner_class
-from initpipe_vllm.testing.equivalence import engine_kwargs
+from initpipe import KV, stage  # noqa: E402
+from initpipe_vllm import catalog  # noqa: E402
+from initpipe_vllm.runner import pipelined_runner_class  # noqa: E402
+from initpipe_vllm.testing.equivalence import engine_kwargs  # noqa: E402
 
 model, endpoint = sys.argv[1], sys.argv[2]
 if len(sys.argv) > 3:
