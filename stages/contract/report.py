@@ -83,6 +83,8 @@ class Report:
         functions: every declared name, sorted.
         capabilities: capability -> ``"ok"`` or ``"broken"``.
         seconds: how long the comparison took.
+        matched: capability -> the locked release it is identical to; an ok capability
+            may match another release than the baseline the statuses are against.
     """
 
     vllm: str
@@ -92,6 +94,8 @@ class Report:
     functions: tuple[Entry, ...]
     capabilities: Mapping[str, str]
     seconds: float = 0.0
+    #: capability -> the lock it is identical to (the baseline, or another release)
+    matched: Mapping[str, str] = attrs.field(factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -105,6 +109,7 @@ class Report:
             "baseline": self.baseline,
             "functions": [e.to_dict() for e in self.functions],
             "capabilities": dict(self.capabilities),
+            "matched": dict(self.matched),
         }
 
 
@@ -205,10 +210,12 @@ def compare(
     comparer = _Comparer(index, resolve_all(index, uses))
     caps = [c for c in CAPABILITIES if any(c in u.capabilities for u in uses)]
     best: tuple[Any, ...] | None = None
-    ok_somewhere: set[str] = set()
+    matched: dict[str, str] = {}  # capability -> the first lock it is identical to
     for lock in candidates:
         verdicts, statuses = _verdicts(comparer, lock, caps)
-        ok_somewhere |= {c for c, v in verdicts.items() if v == "ok"}
+        for cap, v in verdicts.items():
+            if v == "ok":
+                matched.setdefault(cap, lock.label)
         score = (sum(v == "ok" for v in verdicts.values()), _identical(statuses))
         if best is None or score > best[0]:
             best = (score, lock, statuses)
@@ -236,7 +243,8 @@ def compare(
         source=source.path,
         baseline=None if best is None else best[1].label,
         functions=tuple(entries),
-        capabilities={c: "ok" if c in ok_somewhere else "broken" for c in caps},
+        capabilities={c: "ok" if c in matched else "broken" for c in caps},
+        matched=matched,
         seconds=time.perf_counter() - start,
     )
 

@@ -38,7 +38,7 @@ class _Folder:
     def read(self, relpath: str) -> bytes | None:
         try:
             return (self.root / relpath).read_bytes()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        except OSError:  # absent, a folder, unreadable: not a file of this vLLM to read
             return None
 
     def names(self) -> Iterator[str]:

@@ -53,6 +53,7 @@ __all__ = [
     "log_event",
     "log_phase",
     "logger",
+    "phase_spans",
     "remove_listener",
     "report_failure",
     "stage_line",
@@ -125,7 +126,7 @@ def listeners(rank: int | None = None, *, stage_lines: bool = True) -> list[Call
 def log_phase(run: Any, phase: str, rank: int | None = None) -> None:
     """One summary line for a completed phase: stage count, total and slowest stage
     (INFO, or DEBUG when ``INITPIPE_LOG_STAGES=0``; naming ``rank`` unless None)."""
-    emit_spans(run.trace, phase, rank)  # as spans too, when vLLM's tracing is on
+    phase_spans(run.trace, phase, rank)  # as spans too, when vLLM's tracing is on
     level = logging.INFO if stage_lines_enabled() else logging.DEBUG
     if not logger.isEnabledFor(level):
         return
@@ -145,6 +146,15 @@ def log_phase(run: Any, phase: str, rank: int | None = None) -> None:
         slowest,
         durations[slowest] * 1e3,
     )
+
+
+def phase_spans(trace: Any, phase: str, rank: int | None) -> None:
+    """:func:`.spans.emit`, never raising: a tracing problem must not hide a stage's error
+    or stop a phase (it is logged at DEBUG)."""
+    try:
+        emit_spans(trace, phase, rank)
+    except Exception:
+        logger.debug("initpipe: could not emit the stage spans", exc_info=True)
 
 
 def _with_suffix(path: Path, tag: str) -> Path:
@@ -215,7 +225,7 @@ def report_failure(
 
     Returns the trace path, or None if it could not be written (the line is logged anyway).
     """
-    emit_spans(trace, err.phase, rank if world_size > 1 else None)  # the error span too
+    phase_spans(trace, err.phase, rank if world_size > 1 else None)  # the error span too
     path: Path | None = None
     try:
         path = failure_trace_path(rank, world_size)

@@ -39,7 +39,7 @@ from initpipe.testing import ENV_FAULT, inject_faults_from_env
 from ..contract.declare import vllm_uses
 from ..errors import UnsupportedRunnerError
 from ..types import InputBatchGeometry, RunnerSettings
-from .progress import emit_spans, log_phase
+from .progress import log_phase, phase_spans
 
 __all__ = [
     "PipelineHost",
@@ -498,7 +498,7 @@ class PipelinedRunnerMixin(PipelineHost):
         clear_kv_state(self)
         if self.initpipe_run.state != "closed":
             self.initpipe_run.teardown_kv_cache()
-            emit_spans(self.initpipe_run.trace, KV, self._initpipe_rank())
+            phase_spans(self.initpipe_run.trace, KV, self._initpipe_rank())
 
     @vllm_uses("catalog_v1", mirrors=(f"{_RUNNER}._cleanup_profiling_kv_cache",))
     def _cleanup_profiling_kv_cache(self) -> None:

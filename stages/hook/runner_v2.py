@@ -40,7 +40,7 @@ from initpipe import KV, PhaseOrderError, Pipeline, Run, StageError
 
 from ..contract.declare import vllm_uses
 from ..mrv2.types import BlockTableGeometry, RunnerV2Settings
-from .progress import emit_spans, log_phase
+from .progress import log_phase, phase_spans
 from .runner import TRACE_MAX_RECORDS, PipelineHost, start_run
 
 __all__ = [
@@ -551,7 +551,7 @@ class PipelinedRunnerV2Mixin(PipelineHost):
             clear_kv_state_v2(self)
             if self.initpipe_run.state != "closed":
                 self.initpipe_run.teardown_kv_cache()
-                emit_spans(self.initpipe_run.trace, KV, self._initpipe_rank())
+                phase_spans(self.initpipe_run.trace, KV, self._initpipe_rank())
 
     # the KV lifecycle a live resize drives (PipelineHost) --------------------------------
     @vllm_uses(

@@ -219,24 +219,40 @@ _CATALOG_NAME = {"catalog_v1": "the v1 runner catalog", "catalog_mrv2": "the MRv
 def _contract_refusal(vllm_config: Any) -> Refusal | None:
     """Refuse when the catalog ``vllm_config`` needs (either, for None) does not match the
     installed vLLM: its declared vLLM functions are not identical to one locked release.
-    The worker logs a match once (:func:`refuse_unsupported`); the plugin's line says it."""
+    Neither catalog matching refuses before any config field is read; a vLLM whose source
+    cannot be read (a zipped or ``.pyc``-only install) is refused, never a crash. The
+    worker logs a match once (:func:`refuse_unsupported`); the plugin's line says it."""
+    from ..contract.lock import labels
     from ..contract.report import verdict
 
-    if vllm_config is None:
-        verdicts = [verdict(cap) for cap in _CAPABILITY.values()]
-        if any(v.ok for v in verdicts):
+    fix = (
+        f"Install a vLLM release initpipe has locked ({labels()}) or port initpipe to this "
+        "one (README: Porting to a new vLLM release)."
+    )
+    try:
+        verdicts = {cap: verdict(cap) for cap in _CAPABILITY.values()}
+    except Exception as err:  # the gate never crashes vLLM's start
+        return Refusal(
+            reason="vllm-contract",
+            message=(
+                f"initpipe could not read the installed vLLM's source to check its contract "
+                f"({type(err).__name__}: {err}). {fix}"
+            ),
+        )
+    if not any(v.ok for v in verdicts.values()):
+        wanted = list(verdicts.values())
+    elif vllm_config is None:
+        return None
+    else:  # a matching catalog vouches for the config field runner_version reads
+        wanted = [verdicts[_CAPABILITY[runner_version(vllm_config)]]]
+        if wanted[0].ok:
             return None
-    else:
-        verdicts = [verdict(_CAPABILITY[runner_version(vllm_config)])]
-        if verdicts[0].ok:
-            return None
-    names = " and ".join(_CATALOG_NAME[v.capability] for v in verdicts)
+    names = " and ".join(_CATALOG_NAME[v.capability] for v in wanted)
     return Refusal(
         reason="vllm-contract",
         message=(
-            f"{'; '.join(v.describe() for v in verdicts)}; initpipe cannot vouch for {names} "
-            "on it. Install a vLLM release initpipe has locked (`initpipe doctor` lists "
-            "them) or port initpipe to this one (README: Porting to a new vLLM release)."
+            f"{'; '.join(v.describe() for v in wanted)}; initpipe cannot vouch for {names} "
+            f"on it. {fix}"
         ),
     )
 

@@ -131,7 +131,14 @@ def _qualname(obj: Any) -> str:
 def _check_engine(core: Any, statuses: list[dict[str, Any]]) -> None:
     from ..contract.report import verdict
 
-    found = verdict("resize")
+    try:
+        found = verdict("resize")
+    except Exception as err:  # an unreadable install: refused, with the cause
+        raise refuse(
+            "engine",
+            f"initpipe could not read the installed vLLM's source to check its "
+            f"contract ({type(err).__name__}: {err})",
+        ) from None
     if not found.ok:
         raise refuse("engine", found.describe())
     parallel = core.vllm_config.parallel_config

@@ -81,7 +81,15 @@ def render(report: Report, *, show_all: bool = False) -> str:
     for cap, verdict in report.capabilities.items():
         mine = [e for e in report.functions if cap in e.capabilities]
         bad = [e for e in mine if e.status != "identical"]
-        head = "ok" if verdict == "ok" else f"BROKEN: {len(bad)} of {len(mine)} differ"
+        if verdict != "ok":
+            head = f"BROKEN: {len(bad)} of {len(mine)} differ"
+        elif report.matched.get(cap, report.baseline) != report.baseline:
+            head = (
+                f"ok: identical to {report.matched[cap]} (the lines below compare with "
+                f"{report.baseline})"
+            )
+        else:
+            head = "ok"
         out.append(f"{TITLES[cap]} [{cap}]: {head} ({len(mine)} declared functions)")
         for e in mine if show_all else bad:
             out.extend(_line(e))
@@ -107,6 +115,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.write_lock is not None:
         from ..contract.declare import declarations
 
+        if "unknown" in (source.distribution, source.version):
+            print(
+                f"Error: {source.path} does not say which vLLM it is (distribution "
+                f"{source.distribution!r}, version {source.version!r}): a lock is named by "
+                "both. Give an installed vLLM or a wheel (their dist-info says it).",
+                file=sys.stderr,
+            )
+            return 2
         try:
             lock = build(source, declarations())
         except LockError as err:

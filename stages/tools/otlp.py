@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import gzip
 import ipaddress
+import socket
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -124,6 +126,10 @@ def decode(body: bytes) -> list[Span]:
     return out
 
 
+class _Server6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
 class Receiver:
     """An OTLP/HTTP trace receiver on ``host`` (loopback only) and a free port.
 
@@ -148,14 +154,20 @@ class Receiver:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                except ValueError:
+                    length = -1
+                try:
+                    if length < 0:
+                        raise ReceiverError("a bad Content-Length")
+                    body = self.rfile.read(length)
                     if self.path != PATH:
                         raise ReceiverError(f"unknown path {self.path!r} (OTLP uses {PATH})")
                     if self.headers.get("Content-Encoding", "").lower() == "gzip":
                         body = gzip.decompress(body)
                     spans = decode(body)
-                except (ReceiverError, OSError, EOFError) as err:
+                except (ReceiverError, OSError, EOFError, zlib.error) as err:
                     receiver._note_error(str(err))
                     self.send_response(400)
                     self.end_headers()
@@ -169,7 +181,8 @@ class Receiver:
             def log_message(self, format: str, *args: Any) -> None:
                 pass  # quiet: the report says what arrived
 
-        self._server = ThreadingHTTPServer((host, 0), Handler)
+        server_cls = _Server6 if ":" in host else ThreadingHTTPServer
+        self._server = server_cls((host, 0), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
         port = self._server.server_address[1]

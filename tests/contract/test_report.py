@@ -75,3 +75,4 @@ def test_a_capability_is_ok_against_another_locked_release(make_tree: MakeTree) 
     new = build(open_source(make_tree(new_files)), USES)
     report = compare(open_source(make_tree(new_files)), USES, [old, new])
     assert report.capabilities == {"catalog_v1": "ok", "serve": "ok"}
+    assert set(report.matched) == {"catalog_v1", "serve"}

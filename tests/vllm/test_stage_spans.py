@@ -124,6 +124,8 @@ def test_the_receiver_binds_only_to_loopback() -> None:
 
     with pytest.raises(ReceiverError, match="loopback"):
         Receiver("0.0.0.0")
+    with Receiver("::1") as rx:  # IPv6 loopback too
+        assert rx.endpoint.startswith("http://[::1]:")
 
 
 def test_the_receiver_refuses_a_body_that_is_no_otlp_export() -> None:
@@ -136,4 +138,13 @@ def test_the_receiver_refuses_a_body_that_is_no_otlp_export() -> None:
             urllib.request.urlopen(req, timeout=10)
         assert err.value.code == 400
         assert rx.errors and "not an OTLP trace export" in rx.errors[0]
+        gz = urllib.request.Request(
+            rx.endpoint,
+            data=b"not gzip",
+            method="POST",
+            headers={"Content-Encoding": "gzip"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(gz, timeout=10)
+        assert err.value.code == 400 and len(rx.errors) == 2
         assert rx.spans == []
