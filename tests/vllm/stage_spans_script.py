@@ -5,8 +5,8 @@ spans are flushed at exit (vLLM's tracer provider shuts down in ``atexit``).
 
 Usage: ``python stage_spans_script.py MODEL_DIR ENDPOINT [FAILING_STAGE]``. With
 ``INITPIPE_TEST_OWN_PROCESS=1`` the engine core runs in its own process (vLLM's default):
-the script then waits a second after the request, so the engine core's batch processor
-(200 ms) has sent its spans before vLLM stops it.
+the script then stays up after the request until its stdin closes, so the test can wait
+for the engine core's batch processor (200 ms) to have sent its spans before vLLM stops it.
 """
 
 import functools
@@ -56,11 +56,9 @@ def main() -> None:
         print(f"ENGINE FAILED: {type(err).__name__}: {err}", file=sys.stderr)
         return
     llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=2, seed=0))
-    if OWN_PROCESS:
-        import time
-
-        time.sleep(1.0)
-    print("ENGINE OK", file=sys.stderr)
+    print("ENGINE OK", file=sys.stderr, flush=True)
+    if OWN_PROCESS:  # stay up until the test has every process's spans (it closes stdin)
+        sys.stdin.read()
 
 
 if __name__ == "__main__":  # the engine core's own process imports this module too

@@ -11,6 +11,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,20 +28,38 @@ HERE = Path(__file__).parent
 MODEL = Path(__file__).parents[2] / "stages" / "models" / "tiny-llama"
 
 
-def _engine_spans(*extra: str, own_process: bool = False) -> tuple[list[Span], str]:
+def _engine_spans(
+    *extra: str, own_process: bool = False, done: Callable[[list[Span]], bool] | None = None
+) -> tuple[list[Span], str]:
+    """Run the script; with ``done``, keep it up (its stdin open) until ``done(spans)``
+    holds or it exits, then let it stop."""
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
     env["INITPIPE_TEST_OWN_PROCESS"] = "1" if own_process else "0"
-    with Receiver() as rx:
-        res = subprocess.run(
-            [sys.executable, str(HERE / "stage_spans_script.py"), str(MODEL), rx.endpoint, *extra],
-            capture_output=True,
-            text=True,
-            timeout=600,
+    argv = [sys.executable, str(HERE / "stage_spans_script.py"), str(MODEL)]
+    with Receiver() as rx, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            [*argv, rx.endpoint, *extra],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
             env=env,
+            text=True,
         )
-        assert res.returncode == 0, res.stderr[-3000:]
+        try:
+            deadline = time.monotonic() + 600
+            while done is not None and proc.poll() is None and time.monotonic() < deadline:
+                if done(rx.wait_for(done, 1.0)):  # re-checks the process every second
+                    break
+            assert proc.stdin is not None
+            proc.stdin.close()
+            code = proc.wait(timeout=300)
+        finally:
+            proc.kill()
+        err.seek(0)
+        text = err.read()
+        assert code == 0, text[-3000:]
         assert rx.errors == []
-        return rx.wait_for(lambda s: bool(s), 5), res.stderr
+        return rx.wait_for(lambda s: bool(s), 5), text
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +97,13 @@ def test_every_stage_is_a_span_inside_the_vllm_step_that_ran_it(started: list[Sp
 
 
 def test_with_the_engine_core_in_its_own_process_the_model_phase_has_its_own_span() -> None:
-    spans, err = _engine_spans(own_process=True)
+    def arrived(spans: list[Span]) -> bool:  # the engine core's and the worker's spans
+        names = {s.name for s in spans}
+        return {"EngineCoreProc init", "Allocate KV cache"} <= names and any(
+            s.name == "kv_block_zeroer" for s in spans if s.scope == "initpipe"
+        )
+
+    spans, err = _engine_spans(own_process=True, done=arrived)
     assert "ENGINE OK" in err
     worker = [s for s in spans if s.resource.get("vllm.process_kind") == "worker"]
     by_id = _parents(worker)
