@@ -116,6 +116,11 @@ DELEGATED: dict[str, tuple[str, str]] = {
         "what a vLLM worker would allocate for a model config, "
         "planned on the meta device (no GPU, no KV memory)",
     ),
+    "startup": (
+        "initpipe_vllm.tools.startup",
+        "where a whole vLLM start spends its time (run: start and report; report: read a "
+        "report or a collector's OTLP export), from vLLM's spans and initpipe's stages",
+    ),
 }
 
 

@@ -48,9 +48,10 @@ __all__ = [
 Kind = Literal["mirrors", "calls"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 
-Capability = Literal["catalog_v1", "catalog_mrv2", "resize", "serve", "plan"]
+Capability = Literal["catalog_v1", "catalog_mrv2", "resize", "serve", "plan", "startup"]
 #: What the doctor reports on, in its order: the two stage catalogs (with the worker and
-#: runner adapter each needs), live resize (engine side), its HTTP routes, ``initpipe plan``.
+#: runner adapter each needs), live resize (engine side), its HTTP routes, ``initpipe plan``,
+#: ``initpipe startup`` (the span names its report reads, its config timer).
 CAPABILITIES: tuple[Capability, ...] = get_args(Capability)
 
 #: The pipelines whose stages declare in ``meta``, by the capability they belong to:
@@ -63,6 +64,7 @@ STAGE_CATALOGS: dict[Capability, tuple[str, ...]] = {
 
 #: The modules holding functions decorated with :func:`vllm_uses`.
 USE_MODULES: tuple[str, ...] = (
+    "initpipe_vllm.hook.marks",
     "initpipe_vllm.hook.plugin",
     "initpipe_vllm.hook.worker",
     "initpipe_vllm.hook.runner",
@@ -74,6 +76,7 @@ USE_MODULES: tuple[str, ...] = (
     "initpipe_vllm.resize.replay",
     "initpipe_vllm.serve.routes",
     "initpipe_vllm.tools.plan",
+    "initpipe_vllm.tools.startup_report",
 )
 
 _NAME = re.compile(r"^vllm(\.\w+)*:\w+(\.\w+)*$")

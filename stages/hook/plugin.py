@@ -54,7 +54,13 @@ def enabled(environ: Any = None) -> bool:
     calls=("vllm.platforms:current_platform", _WORKER_CLS),
 )
 def register() -> None:
-    """Entry point: when opted in, have the platform's config hook call :func:`route_worker`."""
+    """Entry point: when opted in, have the platform's config hook call :func:`route_worker`.
+    Under ``initpipe startup run`` (``INITPIPE_STARTUP_MARKS`` set), also record the
+    process's start-up marks (:mod:`.marks`), opted in or not."""
+    if os.environ.get("INITPIPE_STARTUP_MARKS"):
+        from . import marks
+
+        marks.install()
     if not enabled():
         return
     from vllm.platforms import current_platform

@@ -23,7 +23,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["Server", "ServerSpec", "cli_args", "running_servers"]
+__all__ = ["Server", "ServerSpec", "cli_args", "free_port", "running_servers"]
 
 
 def cli_args(engine_kwargs: Mapping[str, Any]) -> list[str]:
@@ -71,14 +71,14 @@ class Server:
             return "<no log>"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
 def _start(spec: ServerSpec, log_dir: Path) -> Server:
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ)
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # a server runs its engine core apart
     env.setdefault("VLLM_CACHE_ROOT", str(log_dir / "vllm_cache"))

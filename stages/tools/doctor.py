@@ -33,6 +33,7 @@ TITLES = {
     "resize": "live KV resize, release and resume (engine core, ranks)",
     "serve": "the HTTP routes (initpipe_vllm.serve)",
     "plan": "initpipe plan",
+    "startup": "initpipe startup (the vLLM spans its report names, its config timer)",
 }
 assert set(TITLES) == set(CAPABILITIES)
 
