@@ -36,7 +36,8 @@ SLOW_FIRST = (
     "tests/vllm/test_runner.py",  # 158 s
     "tests/vllm/test_resize.py",  # 120 s (v1 and MRv2)
     "tests/vllm/test_resize_multiprocess.py",  # 106 s
-    "tests/vllm/test_stage_spans.py",  # 85 s (three traced engines)
+    "tests/startup/test_startup_engines.py",  # 110 s (four starts: in-process x2, TP=2, serve)
+    "tests/vllm/test_stage_spans.py",  # 50 s (two traced engines)
     "tests/vllm/test_mrv2_engineless.py",  # 80 s
     "tests/vllm/test_kv_phase.py",  # 59 s
     "tests/plugin/test_pytest_plugin.py",  # 52 s

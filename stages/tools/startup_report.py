@@ -20,9 +20,11 @@ creation of the process the user started, on one wall clock shared by all proces
 - ``processes``: ``[{"name", "pid", "kind", "rank", "create_s"}]``;
 - ``spans``: ``[{"id", "parent", "name", "source": "vllm"|"initpipe", "kind": "span"|
   "interval", "process", "rank", "start_s", "end_s", "self_s", "status", "message",
-  "phase"}]``; ``parent`` is the span's own parent (across processes, through the trace
-  context vLLM passes in the environment); a named interval's parent is the span its
-  process was started under;
+  "phase", "initpipe"}]``; ``initpipe``: an initpipe span's attributes without their
+  ``initpipe.`` prefix (``phase``, ``stage``, ``kind``: stage/teardown, ``generation``,
+  ``outcome``, ``rank``), null for the others; ``parent`` is the span's own parent (across
+  processes, through the trace context vLLM passes in the environment); a named
+  interval's parent is the span its process was started under;
 - ``critical_path``: the ids of the leaves on the chain that ends at ready, in time order
   (systemd-analyze's critical-chain: from the end, the child that ended last, then the one
   that ended last before it started, ...);
@@ -426,7 +428,18 @@ def build(
     for n in nodes.values():
         n.phase = phase_of(n.source, n.kind, n.name, n.attributes, n.process)
 
-    startup_ends = [n.end for n in nodes.values() if n.name not in _REQUEST]
+    # without a ready time: the last start-up span's end (not a request's, nor initpipe's
+    # teardowns and phase spans: a KV release at exit is not part of the start)
+    startup_ends = [
+        n.end
+        for n in nodes.values()
+        if n.name not in _REQUEST
+        and (
+            n.source == "vllm"
+            or n.kind == "interval"
+            or n.attributes.get("initpipe.kind") == "stage"
+        )
+    ]
     t_end = (ready_s - t0) if ready_s is not None else max(startup_ends, default=0.0)
     _link(nodes)
     leaves = [n for n in nodes.values() if not n.children]
@@ -522,6 +535,9 @@ def _span_json(n: _Node) -> dict[str, Any]:
         "status": n.status,
         "message": n.message,
         "phase": n.phase,
+        "initpipe": {k[9:]: v for k, v in n.attributes.items() if k.startswith("initpipe.")}
+        if n.source == "initpipe" and n.kind == "span"
+        else None,
     }
 
 

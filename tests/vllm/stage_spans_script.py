@@ -3,26 +3,22 @@ worker with vLLM's tracing sent to an OTLP/HTTP endpoint; optionally one KV stag
 by a failing one. Exits once the engine has answered one request (or failed to start); the
 spans are flushed at exit (vLLM's tracer provider shuts down in ``atexit``).
 
-Usage: ``python stage_spans_script.py MODEL_DIR ENDPOINT [FAILING_STAGE]``. With
-``INITPIPE_TEST_OWN_PROCESS=1`` the engine core runs in its own process (vLLM's default):
-the script then stays up after the request until its stdin closes, so the test can wait
-for the engine core's batch processor (200 ms) to have sent its spans before vLLM stops it.
+Usage: ``python stage_spans_script.py MODEL_DIR ENDPOINT [FAILING_STAGE]``.
 """
 
 import functools
 import os
 import sys
 
-OWN_PROCESS = os.environ.get("INITPIPE_TEST_OWN_PROCESS") == "1"
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if OWN_PROCESS else "0"
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
 os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "200"  # ms: spans arrive while the process lives
 
-from initpipe import KV, stage  # noqa: E402
-from initpipe_vllm import catalog  # noqa: E402
-from initpipe_vllm.runner import pipelined_runner_class  # noqa: E402
-from initpipe_vllm.testing.equivalence import engine_kwargs  # noqa: E402
+from initpipe import KV, stage
+from initpipe_vllm import catalog
+from initpipe_vllm.runner import pipelined_runner_class
+from initpipe_vllm.testing.equivalence import engine_kwargs
 
 model, endpoint = sys.argv[1], sys.argv[2]
 if len(sys.argv) > 3:
@@ -41,8 +37,6 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     kwargs, _ = engine_kwargs(model)
-    if OWN_PROCESS:
-        kwargs["gpu_memory_utilization"] = 0.5  # vLLM checks free memory in its own process
     try:
         # disable_log_stats=False: with tracing on and stats off, vLLM 0.32's first request
         # fails in OutputProcessor.do_tracing (req_state.stats is None)
@@ -57,8 +51,6 @@ def main() -> None:
         return
     llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=2, seed=0))
     print("ENGINE OK", file=sys.stderr, flush=True)
-    if OWN_PROCESS:  # stay up until the test has every process's spans (it closes stdin)
-        sys.stdin.read()
 
 
 if __name__ == "__main__":  # the engine core's own process imports this module too

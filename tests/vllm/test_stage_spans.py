@@ -1,5 +1,7 @@
 """A real engine with vLLM's tracing on sends initpipe's stages as spans nested in vLLM's
 own (in-process placement; the pipelined worker), and a failing stage as an error span.
+The other placements (the engine core in its own process, several workers, the server)
+are in tests/startup/test_startup_engines.py.
 
 Two subprocess engines (``stage_spans_script.py``: tracing set up at start mutates the
 process), each sending OTLP/HTTP protobuf to a loopback receiver in this process
@@ -11,15 +13,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from initpipe_vllm import catalog
 from initpipe_vllm.tools.otlp import Receiver, Span
+from initpipe_vllm.tools.startup_render import render
+from initpipe_vllm.tools.startup_report import build
 
 pytest.importorskip("vllm")
 pytest.importorskip("opentelemetry.proto")
@@ -28,38 +29,24 @@ HERE = Path(__file__).parent
 MODEL = Path(__file__).parents[2] / "stages" / "models" / "tiny-llama"
 
 
-def _engine_spans(
-    *extra: str, own_process: bool = False, done: Callable[[list[Span]], bool] | None = None
-) -> tuple[list[Span], str]:
-    """Run the script; with ``done``, keep it up (its stdin open) until ``done(spans)``
-    holds or it exits, then let it stop."""
+def _engine_spans(*extra: str) -> tuple[list[Span], str]:
+    """Run the script; return the spans received and its stderr."""
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
-    env["INITPIPE_TEST_OWN_PROCESS"] = "1" if own_process else "0"
     argv = [sys.executable, str(HERE / "stage_spans_script.py"), str(MODEL)]
-    with Receiver() as rx, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(
+    with Receiver() as rx:
+        res = subprocess.run(
             [*argv, rx.endpoint, *extra],
-            stdin=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
-            stderr=err,
+            stderr=subprocess.PIPE,
             env=env,
             text=True,
+            timeout=600,
         )
-        try:
-            deadline = time.monotonic() + 600
-            while done is not None and proc.poll() is None and time.monotonic() < deadline:
-                if done(rx.wait_for(done, 1.0)):  # re-checks the process every second
-                    break
-            assert proc.stdin is not None
-            proc.stdin.close()
-            code = proc.wait(timeout=300)
-        finally:
-            proc.kill()
-        err.seek(0)
-        text = err.read()
-        assert code == 0, text[-3000:]
+        assert res.returncode == 0, res.stderr[-3000:]
         assert rx.errors == []
-        return rx.wait_for(lambda s: bool(s), 5), text
+        # the provider shut down at exit: every span was sent before the process ended
+        return list(rx.spans), res.stderr
 
 
 @pytest.fixture(scope="module")
@@ -96,39 +83,6 @@ def test_every_stage_is_a_span_inside_the_vllm_step_that_ran_it(started: list[Sp
     assert {"Executor init", "Load model", "Prepare model", "Allocate KV cache"} <= vllm_names
 
 
-def test_with_the_engine_core_in_its_own_process_the_model_phase_has_its_own_span() -> None:
-    def arrived(spans: list[Span]) -> bool:  # the engine core's and the worker's spans
-        names = {s.name for s in spans}
-        return {"EngineCoreProc init", "Allocate KV cache"} <= names and any(
-            s.name == "kv_block_zeroer" for s in spans if s.scope == "initpipe"
-        )
-
-    spans, err = _engine_spans(own_process=True, done=arrived)
-    assert "ENGINE OK" in err
-    worker = [s for s in spans if s.resource.get("vllm.process_kind") == "worker"]
-    by_id = _parents(worker)
-    mine = [s for s in worker if s.scope == "initpipe"]
-    pipeline = catalog()
-    stages = {s.name: s for s in mine if s.attributes.get("initpipe.kind") == "stage"}
-    assert sorted(stages) == sorted(pipeline.specs)
-    # the worker's get_kv_cache_spec runs under no vLLM span: initpipe's phase span holds
-    # the model phase, in the trace vLLM propagated to the worker (one trace, all processes)
-    (phase,) = [s for s in mine if s.name == "initpipe model phase"]
-    (core,) = [s for s in spans if s.name == "EngineCoreProc init"]
-    assert phase.trace_id == core.trace_id
-    for name, spec in pipeline.specs.items():
-        parent = by_id[stages[name].parent_id]
-        expected = phase if spec.needs == "model" else None
-        if expected is not None:
-            assert parent == expected, name
-        else:
-            assert (parent.name, parent.scope != "initpipe") == ("Allocate KV cache", True)
-    # ids: initpipe's never repeat (vLLM re-seeds `random`, which the SDK's ids come from)
-    ids = [s.span_id for s in mine]
-    assert len(set(ids)) == len(ids)
-    assert not set(ids) & {s.span_id for s in spans if s.scope != "initpipe"}
-
-
 def test_a_failing_stage_is_an_error_span_and_the_rollback_is_there() -> None:
     spans, err = _engine_spans("kv_caches")
     assert "ENGINE FAILED" in err and "disk on fire in kv_caches" in err
@@ -144,6 +98,11 @@ def test_a_failing_stage_is_an_error_span_and_the_rollback_is_there() -> None:
     # what ran before it was rolled back, each teardown a span of its own
     assert mine["allocated_kv_caches (teardown)"].attributes["initpipe.kind"] == "teardown"
     assert "runner_kv_caches" not in mine  # never reached
+    # the start-up report names it (initpipe startup report on these spans)
+    report = build(spans)
+    assert [(e["name"], e["process"]) for e in report["errors"]] == [("kv_caches", "frontend")]
+    assert "disk on fire in kv_caches" in report["errors"][0]["message"]
+    assert "error span: kv_caches (frontend): " in render(report, "text")
 
 
 def test_the_receiver_binds_only_to_loopback() -> None:

@@ -1,0 +1,199 @@
+"""The marks each vLLM process writes (and its flush on SIGUSR1), and ``initpipe startup``'s
+answers to bad input: no engine starts here."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from spans_kit import T0, own_process_start
+
+from initpipe_vllm.hook import marks
+from initpipe_vllm.tools.otlp import ReceiverError, from_json, read, to_json
+from initpipe_vllm.tools.startup import main, read_marks
+from initpipe_vllm.tools.startup_report import build
+
+FLUSH_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    # an hour between exports: only a flush can send the span before the process ends
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=3_600_000))
+    trace.set_tracer_provider(provider)
+    from initpipe_vllm.hook import marks
+
+    marks.install()
+    marks.interval("my interval", 1.0, 2.0)
+    trace.get_tracer("t").start_span("ended before the flush").end()
+    os.kill(os.getpid(), signal.SIGUSR1)
+    flushed = os.path.join(os.environ["INITPIPE_STARTUP_MARKS"], f"flushed-{os.getpid()}.json")
+    while not os.path.exists(flushed):  # the handler's thread writes it once flushed
+        time.sleep(0.01)
+    print([s.name for s in exporter.get_finished_spans()])
+    """
+)
+
+
+def test_marks_and_the_flush_on_request(tmp_path: Path) -> None:
+    """In a fresh process (a signal handler changes the process): the header, an interval,
+    and SIGUSR1 flushing the tracer provider before the answer file appears."""
+    env = {**os.environ, "INITPIPE_STARTUP_MARKS": str(tmp_path)}
+    res = subprocess.run(
+        [sys.executable, "-c", FLUSH_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "['ended before the flush']"
+    records = read_marks(tmp_path)
+    (header,) = [r for r in records if r["kind"] == "process"]
+    assert header["flush"] is True and header["create_s"] <= header["plugins_s"]
+    assert [(r["name"], r["start_s"], r["end_s"]) for r in records if r["kind"] == "interval"] == [
+        ("my interval", 1.0, 2.0)
+    ]
+    (answer,) = tmp_path.glob("flushed-*.json")
+    assert json.loads(answer.read_text())["ok"] is True
+    assert {r["pid"] for r in records} == {header["pid"]}
+
+
+def test_marks_do_nothing_unless_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(marks.ENV_VAR, raising=False)
+    marks.interval("x", 1.0, 2.0)
+    marks.install()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_torn_marks_line_is_skipped(tmp_path: Path) -> None:
+    (tmp_path / "marks-7.jsonl").write_text(
+        '{"kind": "interval", "pid": 7, "name": "a", "start_s": 1, "end_s": 2}\n{"kind": "inter'
+    )
+    assert [r["name"] for r in read_marks(tmp_path)] == ["a"]
+
+
+def test_the_process_start_time_is_before_now() -> None:
+    created = marks.process_start_s()
+    assert created is not None and created <= time.time()
+    assert marks.process_start_s(999_999_999) is None  # no such process
+
+
+# -- OTLP JSON ----------------------------------------------------------------------------
+def test_otlp_json_round_trips() -> None:
+    spans, _ = own_process_start()
+    assert from_json(json.loads(json.dumps(to_json(spans)))) == spans
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"spans": []}', "no resourceSpans list"),
+        (
+            '{"resourceSpans": [{"scopeSpans": [{"spans": [{"name": "a", "traceId": "zz"}]}]}]}',
+            "span 'a': traceId 'zz' is not 32 hex digits",
+        ),
+        (
+            '{"resourceSpans": [{"scopeSpans": [{"spans": [{"name": "a", '
+            '"startTimeUnixNano": "1"}]}]}]}',
+            "a span without endTimeUnixNano",
+        ),
+        (
+            '{"resourceSpans": [{"scopeSpans": [{"spans": [{"name": "a", "startTimeUnixNano": "x",'
+            ' "endTimeUnixNano": "2"}]}]}]}',
+            "malformed OTLP JSON",
+        ),
+    ],
+)
+def test_malformed_otlp_json_is_refused_by_name(text: str, message: str, tmp_path: Path) -> None:
+    path = tmp_path / "in.json"
+    path.write_text(text)
+    with pytest.raises(ReceiverError, match=message):
+        read(path)
+
+
+def test_json_lines_gzip_and_a_bad_line(tmp_path: Path) -> None:
+    spans, _ = own_process_start()
+    half = len(spans) // 2
+    lines = [json.dumps(to_json(spans[:half])), json.dumps(to_json(spans[half:]))]
+    path = tmp_path / "spans.jsonl.gz"
+    path.write_bytes(gzip.compress("\n".join(lines).encode()))
+    assert read(path) == ("spans", spans)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(lines[0] + "\n{not json\n")
+    with pytest.raises(ReceiverError, match=r"bad.jsonl:2: not JSON"):
+        read(bad)
+    empty = tmp_path / "empty.json"
+    empty.write_text("  \n")
+    with pytest.raises(ReceiverError, match="empty"):
+        read(empty)
+
+
+# -- the command line ---------------------------------------------------------------------
+@pytest.fixture
+def report_file(tmp_path: Path) -> Path:
+    spans, marks_ = own_process_start()
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(build(spans, marks_, ready_s=T0 + 10.0)))
+    return path
+
+
+def test_report_renders_every_format(report_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(report_file)]) == 0
+    text = capsys.readouterr().out
+    assert "ready after 10.000 s" in text and "attributed: 73.5%" in text
+    assert "@   7.000 s +  1.100 s  inside: Executor init (engine core)" in text
+    assert main(["report", str(report_file), "--format", "tree"]) == 0
+    tree = capsys.readouterr().out
+    assert "worker 0 (pid 3)\n  start and imports" in tree
+    assert "    Load model  @6.200 +1.200 s (own 0.500 s)" in tree
+    assert main(["report", str(report_file), "--format", "chrome"]) == 0
+    events = json.loads(capsys.readouterr().out)["traceEvents"]
+    assert {e["args"]["name"] for e in events if e["ph"] == "M"} == {
+        "frontend",
+        "engine core",
+        "worker 0",
+        "unattributed",
+    }
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["report", "/nonexistent/r.json"], "cannot read /nonexistent/r.json"),
+        (["report", "{file}", "--ratio", "0.5"], "--ratio must be 1 or more"),
+        (["report", "{file}", "--only", "mine"], "invalid choice: 'mine'"),
+        (["run", "--model", "/nonexistent"], "no config.json in that folder"),
+        (["run", "--engine-arg", "max_model_len"], "expected KEY=VALUE"),
+        (["run", "--tensor-parallel-size", "0"], "must be 1 or more"),
+        (["run", "--in-process", "--serve"], "not allowed with argument"),
+    ],
+)
+def test_bad_input_is_one_error_line_and_status_2(
+    argv: list[str], message: str, report_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [a.replace("{file}", str(report_file)) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Error: ") and message in err and "Traceback" not in err
+
+
+def test_a_protobuf_file_that_is_not_an_export(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "spans.pb"
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    assert main(["report", str(path)]) == 2
+    assert "neither JSON nor not an OTLP trace export" in capsys.readouterr().err

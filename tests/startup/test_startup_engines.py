@@ -1,0 +1,272 @@
+"""``initpipe startup run`` on real engines (the tiny model), one start per placement:
+in-process (twice: without and with a third-party stage that sleeps 300 ms), the engine
+core in its own process with two workers, and the OpenAI server.
+
+Each start is the user's command in a fresh process (``python -m initpipe.cli startup
+run``); the tests read the report JSON it writes. Nothing here depends on how fast the
+machine is: the checks are on which spans exist and where, on the report's own
+arithmetic, and on a comparison restricted to initpipe's stage spans (a new 300 ms stage
+against none, with the default floor of 0.25 s).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from initpipe_vllm import catalog
+
+pytest.importorskip("vllm")
+pytest.importorskip("opentelemetry.proto")
+
+SLEEP_EXT = '''"""Test-only extension: a KV-phase stage that sleeps 300 ms."""
+import time
+
+from initpipe import stage
+
+
+@stage(needs="kv_cache_config", provides="startup_sleep_done")
+def startup_sleep(kv_caches):
+    time.sleep(0.3)
+    return True
+'''
+
+
+def _site(folder: Path) -> Path:
+    """The extension "installed": its module and a dist-info naming its entry point."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "initpipe_startup_sleep.py").write_text(SLEEP_EXT)
+    info = folder / "initpipe_startup_sleep-0.1.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: initpipe-startup-sleep\nVersion: 0.1\n"
+    )
+    (info / "entry_points.txt").write_text(
+        "[initpipe.stages]\nstartup_sleep = initpipe_startup_sleep:startup_sleep\n"
+    )
+    return folder
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("INITPIPE_EXTENSIONS", "INITPIPE_VLLM", "VLLM_ENABLE_V1_MULTIPROCESSING")
+    }
+    env["VLLM_TARGET_DEVICE"] = "cpu"
+    env.update(extra)
+    return env
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "initpipe.cli", "startup", *args],
+        env=env or _env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def _start(tmp: Path, name: str, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    out = tmp / f"{name}.json"
+    res = _cli("run", *args, "-o", str(out), env=env)
+    assert res.returncode == 0, res.stderr[-4000:] + res.stdout[-2000:]
+    report = json.loads(out.read_text())
+    report["_stdout"] = res.stdout
+    report["_stderr"] = res.stderr
+    report["_path"] = str(out)
+    return report
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("startup")
+
+
+@pytest.fixture(scope="module")
+def in_process(work: Path) -> dict[str, Any]:
+    otlp = work / "in_process.otlp.json"
+    chrome = work / "in_process.trace.json"
+    r = _start(
+        work,
+        "in_process",
+        "--in-process",
+        "--first-token",
+        "--otlp-json",
+        str(otlp),
+        "--chrome",
+        str(chrome),
+    )
+    r["_otlp"], r["_chrome"] = otlp, chrome
+    return r
+
+
+@pytest.fixture(scope="module")
+def with_sleep(work: Path) -> dict[str, Any]:
+    env = _env(PYTHONPATH=str(_site(work / "site")), INITPIPE_EXTENSIONS="startup_sleep")
+    return _start(work, "with_sleep", "--in-process", env=env)
+
+
+def _spans(report: dict[str, Any], **match: Any) -> list[dict[str, Any]]:
+    return [s for s in report["spans"] if all(s.get(k) == v for k, v in match.items())]
+
+
+def _check_arithmetic(r: dict[str, Any]) -> None:
+    """What every report must satisfy: the window splits into attributed and not."""
+    assert r["attributed_s"] + r["unattributed_s"] == pytest.approx(r["wall_s"], abs=1e-5)
+    assert 0 < r["attributed_spans_s"] <= r["attributed_s"] <= r["wall_s"]
+    assert r["attributed_fraction"] == pytest.approx(r["attributed_s"] / r["wall_s"], abs=1e-4)
+    listed = sum(g["end_s"] - g["start_s"] for g in r["unattributed"])
+    assert listed <= r["unattributed_s"] + 1e-5
+    by_id = {s["id"]: s for s in r["spans"]}
+    chain = [by_id[i] for i in r["critical_path"]]
+    assert chain, "no critical chain"
+    for a, b in itertools.pairwise(chain):  # in time order, one after another
+        assert a["end_s"] <= b["start_s"] + 2e-3, (a["name"], b["name"])
+    assert chain[-1]["end_s"] <= r["wall_s"] + 2e-3
+    assert r["incomplete"] == [] and r["errors"] == []
+
+
+def _stages_inside_vllm_spans(r: dict[str, Any], process: str, rank: int) -> None:
+    """Each catalog stage once in ``process``, inside the vLLM span that ran its phase."""
+    by_id = {s["id"]: s for s in r["spans"]}
+    specs = catalog().specs
+    mine = [
+        s
+        for s in _spans(r, process=process, source="initpipe", kind="span")
+        if s["initpipe"].get("kind") == "stage"
+    ]
+    assert sorted(s["name"] for s in mine) == sorted(specs)  # each stage once
+    for s in mine:
+        parent = by_id[s["parent"]]
+        assert parent["start_s"] - 2e-3 <= s["start_s"] <= s["end_s"] <= parent["end_s"] + 2e-3
+        assert s["rank"] == rank
+        expected = "KV planning" if specs[s["name"]].needs == "model" else "KV init"
+        assert s["phase"] == expected, s["name"]
+
+
+def test_in_process_the_tree_nests_initpipes_stages_in_vllms_spans(in_process: dict) -> None:
+    r = in_process
+    assert r["processes"][0]["name"] == "frontend"
+    _stages_inside_vllm_spans(r, "frontend", 0)
+    by_id = {s["id"]: s for s in r["spans"]}
+    parents = {by_id[s["parent"]]["name"] for s in _spans(r, source="initpipe", kind="span")}
+    assert parents == {"Prepare model", "Allocate KV cache"}  # in-process: vLLM's own steps
+    names = {s["name"] for s in _spans(r, source="vllm")}
+    assert {"Executor init", "Load model", "Prepare model", "Allocate KV cache"} <= names
+    intervals = {s["name"] for s in _spans(r, kind="interval", process="frontend")}
+    assert {
+        "interpreter start",
+        "import vllm",
+        "engine arguments",
+        "engine config",
+        "first token",
+    } <= intervals
+    _check_arithmetic(r)
+    assert r["first_token_s"] > r["wall_s"]
+    assert "first token" in r["phases"] and "imports and config" in r["phases"]
+
+
+def test_the_text_report_and_its_chrome_trace(in_process: dict) -> None:
+    text = in_process["_stdout"]
+    for part in (
+        "ready after",
+        "attributed:",
+        "phases",
+        "critical chain",
+        "blame",
+        "unattributed (",
+    ):
+        assert part in text
+    assert "ready" in in_process["_stderr"]  # progress while it waited
+    trace = json.loads(in_process["_chrome"].read_text())
+    complete = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(complete) == len(in_process["spans"]) + len(in_process["unattributed"])
+
+
+def test_a_collectors_otlp_json_gives_the_same_spans(in_process: dict, work: Path) -> None:
+    out = work / "from_otlp.json"
+    res = _cli("report", str(in_process["_otlp"]), "--format", "json", "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    again = json.loads(out.read_text())
+
+    def key(r: dict) -> list[tuple]:
+        return sorted(
+            (s["name"], s["source"], s["process"], s["parent"] is None)
+            for s in r["spans"]
+            if s["kind"] == "span"
+        )
+
+    assert key(again) == key(in_process)  # without the marks: no named intervals
+    assert not _spans(again, kind="interval")
+
+
+def test_compare_names_the_sleeping_stage_as_the_one_regression(
+    in_process: dict, with_sleep: dict, work: Path
+) -> None:
+    (sleep,) = _spans(with_sleep, name="startup_sleep")
+    assert sleep["end_s"] - sleep["start_s"] >= 0.3 and sleep["source"] == "initpipe"
+    res = _cli(
+        "report",
+        with_sleep["_path"],
+        "--compare",
+        in_process["_path"],
+        "--only",
+        "initpipe",
+        "--format",
+        "json",
+    )
+    assert res.returncode == 1, res.stderr
+    result = json.loads(res.stdout)
+    assert [(r["name"], r["source"], r["base_s"]) for r in result["regressions"]] == [
+        ("startup_sleep", "initpipe", None)
+    ]
+    text = _cli(
+        "report", with_sleep["_path"], "--compare", in_process["_path"], "--only", "initpipe"
+    )
+    assert text.returncode == 1
+    assert re.search(r"!! initpipe +startup_sleep +- +0\.3", text.stdout), text.stdout
+    same = _cli("report", in_process["_path"], "--compare", in_process["_path"])
+    assert same.returncode == 0 and "0 regression(s)" in same.stdout
+
+
+def test_two_workers_with_the_engine_core_in_its_own_process(work: Path) -> None:
+    r = _start(work, "tp2", "--tensor-parallel-size", "2")
+    names = [p["name"] for p in r["processes"]]
+    assert names[:2] == ["frontend", "engine core"]
+    assert sorted(names[2:]) == ["worker 0", "worker 1"]
+    by_id = {s["id"]: s for s in r["spans"]}
+    for rank in (0, 1):
+        proc = f"worker {rank}"
+        _stages_inside_vllm_spans(r, proc, rank)
+        # the worker's get_kv_cache_spec runs under no vLLM span: initpipe's phase span
+        # holds the model phase, parented (across processes) from the engine core's span
+        (phase,) = _spans(r, process=proc, name="initpipe model phase")
+        assert by_id[phase["parent"]]["process"] == "engine core"
+        # the worker's start is an interval under the span that spawned it
+        (start,) = _spans(r, process=proc, name="start and imports")
+        assert by_id[start["parent"]]["name"] == "Executor init"
+    (core_start,) = _spans(r, process="engine core", name="start and imports")
+    assert by_id[core_start["parent"]]["name"] == "SyncMPClient init"
+    _check_arithmetic(r)
+
+
+def test_the_openai_server(work: Path) -> None:
+    r = _start(work, "serve", "--serve", "--first-token")
+    names = [p["name"] for p in r["processes"]]
+    assert names[:2] == ["api server", "engine core"] and "worker 0" in names
+    assert {"Overall Loading", "AsyncMPClient init"} <= {
+        s["name"] for s in _spans(r, process="api server", source="vllm")
+    }
+    _stages_inside_vllm_spans(r, "worker 0", 0)
+    _check_arithmetic(r)
+    assert r["first_token_s"] is not None and r["first_token_s"] > r["wall_s"]
