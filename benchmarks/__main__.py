@@ -34,6 +34,7 @@ BENCHES = {
     "mrv2": "Model Runner V2: engine start and KV re-init vs stock MRv2",
     "contract": "The vLLM contract: start-up gate and `initpipe doctor`",
     "spans": "initpipe's stage spans: tracing off vs none, cost per span when on",
+    "startup": "Whole vLLM starts back to back: noise, attributed time, --compare defaults",
 }
 
 ROOT = Path(__file__).resolve().parents[1]

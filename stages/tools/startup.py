@@ -68,8 +68,9 @@ def _parser() -> Parser:
         type=Path,
         default=DEFAULT_MODEL,
         help="a model folder "
-        "(default: the embedded tiny Llama; dummy weights unless --engine-arg "
-        "load_format=auto)",
+        "(default: the embedded tiny Llama). The engine defaults are the tiny model's "
+        "(dummy weights, float32, 256 tokens, 8 MiB of KV cache): change them with "
+        "--engine-arg (load_format=auto for a folder with weights)",
     )
     where = run.add_mutually_exclusive_group()
     where.add_argument(
@@ -82,7 +83,13 @@ def _parser() -> Parser:
         action="store_true",
         help="the OpenAI-compatible server; ready when /health answers",
     )
-    run.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N")
+    run.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N worker processes (on CPU the thread binding is set when unset)",
+    )
     run.add_argument(
         "--weights",
         choices=("dummy", "seeded"),

