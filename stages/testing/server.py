@@ -23,7 +23,15 @@ from typing import Any
 
 import attrs
 
-__all__ = ["Server", "ServerSpec", "cli_args", "free_port", "running_servers"]
+__all__ = [
+    "Server",
+    "ServerSpec",
+    "cli_args",
+    "free_port",
+    "health",
+    "running_servers",
+    "server_command",
+]
 
 
 def cli_args(engine_kwargs: Mapping[str, Any]) -> list[str]:
@@ -71,6 +79,23 @@ class Server:
             return "<no log>"
 
 
+def server_command(
+    engine_kwargs: Mapping[str, Any], port: int, extra_args: Sequence[str] = ()
+) -> list[str]:
+    """The command line of a server for ``LLM(**engine_kwargs)`` on ``127.0.0.1:port``."""
+    return [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        *cli_args(engine_kwargs),
+        *extra_args,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -87,17 +112,7 @@ def _start(spec: ServerSpec, log_dir: Path) -> Server:
             env.pop(key, None)
         else:
             env[key] = value
-    cmd = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        *cli_args(spec.engine_kwargs),
-        *spec.extra_args,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
+    cmd = server_command(spec.engine_kwargs, port, spec.extra_args)
     log = log_dir / f"{spec.name}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -106,15 +121,20 @@ def _start(spec: ServerSpec, log_dir: Path) -> Server:
     return Server(spec, f"http://127.0.0.1:{port}", process, log)
 
 
-def _ready(server: Server) -> bool:
+def health(url: str) -> bool:
+    """True when the server at ``url`` answers ``GET /health`` with 200."""
     import urllib.error
     import urllib.request
 
     try:
-        with urllib.request.urlopen(f"{server.url}/health", timeout=2) as r:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
             return int(r.status) == 200
     except (urllib.error.URLError, OSError):
         return False
+
+
+def _ready(server: Server) -> bool:
+    return health(server.url)
 
 
 def _stop(server: Server, grace_s: float = 30.0) -> None:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InitpipeVllmError
+from ..testing.server import health
 from ._cli import Parser, UsageError
 from .otlp import Receiver, ReceiverError, Span, read, to_json
 from .startup_render import FORMATS, render, render_compare
@@ -334,7 +335,7 @@ class _Started:
                 self.ready_s = float(value)
             elif head == "FAILED" and self.failed is None:
                 self.failed = "the engine failed to start"
-        if self.url is not None and self.ready_s is None and _health(self.url):
+        if self.url is not None and self.ready_s is None and health(self.url):
             self.ready_s = time.time()
         if self.ready_s is None and self.failed is None and self.proc.poll() is not None:
             self.failed = f"the process exited with status {self.proc.returncode}"
@@ -362,17 +363,6 @@ class _Started:
             self.proc.wait(10)
 
 
-def _health(url: str) -> bool:
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-            return int(r.status) == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 def _first_token(url: str, model: str) -> tuple[float, float]:
     """One streamed completion: (sent, first chunk) on the wall clock."""
     import urllib.request
@@ -397,19 +387,10 @@ def _launch(args: Any, rx: Receiver, work: Path, model: Path, extra: dict[str, A
     kwargs = _llm_kwargs(args, rx, model, extra)
     log = work / "vllm.log"
     if args.serve:
-        from ..testing.server import cli_args, free_port
+        from ..testing.server import free_port, server_command
 
         port = free_port()
-        cmd = [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            *cli_args(kwargs),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ]
+        cmd = server_command(kwargs, port)
         url: str | None = f"http://127.0.0.1:{port}"
     else:
         options = {"llm": kwargs, "first_token": args.first_token}
