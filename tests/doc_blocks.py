@@ -8,8 +8,9 @@ An example that cannot run in the suite says why on the line before its fence::
     ...
 
 The README's first block, its two set-up commands, is illustrative without a marker (the
-README starts with them, nothing before). Another test may run an example itself (the pytest plugin's test runs the stage author's
-file from docs/extending.md): it says so with ``<!-- run-by: tests/... -->``.
+README starts with them, nothing before). Another test may run an example itself (the
+pytest plugin's test runs the stage author's file from docs/extending.md): it says so with
+``<!-- run-by: tests/... -->``.
 """
 
 from __future__ import annotations
