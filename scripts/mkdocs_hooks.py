@@ -3,6 +3,7 @@
 - ``<!-- cli-reference -->``: every ``initpipe`` command's ``--help``, from the real
   parsers (the core's ``initpipe.cli.app.build_parser`` and each delegated command's
   ``build_parser``), so the reference cannot drift from the code.
+- the API reference of ``initpipe_vllm``: :func:`on_config` makes its import name resolve.
 - ``<!-- stage-table: v1 -->`` / ``<!-- stage-table: mrv2 -->``: the catalog's stages in
   order, from the catalog itself: phase, stage, outputs, the first sentence of its
   docstring, and the vLLM functions it declares it mirrors (``meta["mirrors"]``).
@@ -18,6 +19,7 @@ import argparse
 import importlib
 import os
 import re
+from pathlib import Path
 from typing import Any
 
 CLI = "<!-- cli-reference -->"
@@ -83,6 +85,18 @@ def stage_table(which: str) -> str:
         outputs = ", ".join(f"`{p}`" for p in spec.provides)
         rows.append(f"| {phase} | `{name}` | {outputs} | {_first_sentence(spec.doc)} | {mirrors} |")
     return "\n".join(rows)
+
+
+def on_config(config: Any) -> Any:
+    """mkdocstrings reads sources by import name, and ``initpipe_vllm`` lives in ``stages/``
+    (``[tool.setuptools.package-dir]``): give it a folder where the name resolves."""
+    root = Path(config["config_file_path"]).parent
+    names = root / ".docs-api"
+    names.mkdir(exist_ok=True)
+    link = names / "initpipe_vllm"
+    if not link.is_symlink():
+        link.symlink_to(root / "stages", target_is_directory=True)
+    return config
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
