@@ -3,6 +3,7 @@
 - ``<!-- cli-reference -->``: every ``initpipe`` command's ``--help``, from the real
   parsers (the core's ``initpipe.cli.app.build_parser`` and each delegated command's
   ``build_parser``), so the reference cannot drift from the code.
+- ``<!-- benchmarks-json -->``: every row of ``benchmarks.json``.
 - the API reference of ``initpipe_vllm``: :func:`on_config` makes its import name resolve.
 - ``<!-- stage-table: v1 -->`` / ``<!-- stage-table: mrv2 -->``: the catalog's stages in
   order, from the catalog itself: phase, stage, outputs, the first sentence of its
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import re
 from pathlib import Path
@@ -87,6 +89,29 @@ def stage_table(which: str) -> str:
     return "\n".join(rows)
 
 
+BENCH = "<!-- benchmarks-json -->"
+
+
+def benchmarks_table(root: Path) -> str:
+    """Every row of ``benchmarks.json`` (the last full ``make bench``), as a table."""
+    data = json.loads((root / "benchmarks.json").read_text())
+    m = data.get("machine", {})
+    out = [
+        f"From `benchmarks.json` ({m.get('date', '?')}, {m.get('cpus', '?')} CPUs, Python "
+        f"{m.get('python', '?')}):",
+        "",
+        "| benchmark | figure | value | target | detail |",
+        "|---|---|---|---|---|",
+    ]
+    for r in data["rows"]:
+        met = "" if r.get("met") is None else (" (met)" if r["met"] else " (missed)")
+        target = (r.get("target") or "reported") + met
+        value = f"{r['value']:.4g} {r['unit']}"
+        cells = [r["bench"], r["name"], value, target, r.get("detail", "")]
+        out.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(out)
+
+
 def on_config(config: Any) -> Any:
     """mkdocstrings reads sources by import name, and ``initpipe_vllm`` lives in ``stages/``
     (``[tool.setuptools.package-dir]``): give it a folder where the name resolves."""
@@ -102,4 +127,7 @@ def on_config(config: Any) -> Any:
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if CLI in markdown:
         markdown = markdown.replace(CLI, cli_reference())
+    if BENCH in markdown:
+        root = Path(config["config_file_path"]).parent
+        markdown = markdown.replace(BENCH, benchmarks_table(root))
     return TABLE.sub(lambda m: stage_table(m.group(1)), markdown)
