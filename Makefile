@@ -1,5 +1,5 @@
 # The two entry points of the README: `make run` (install + main job), `make test`.
-# `make check`: lint, format and types (CI runs it before the tests); `make test-core`: the
+# `make check`: lint, format, types and the docs build (CI runs it before the tests); `make test-core`: the
 # framework's own tests, which need neither vLLM nor Graphviz nor Chromium (seconds).
 PY      ?= python3
 VENV    ?= .venv
@@ -13,7 +13,7 @@ STAMP   := $(VENV)/.installed
 TEST_WORKERS ?= 2
 PYTEST_ARGS  := -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
 
-.PHONY: run test test-loaded test-core check check-deep install sysdeps bench clean
+.PHONY: run test test-loaded test-core check check-deep install sysdeps bench clean docs docs-serve
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -51,6 +51,15 @@ check: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+# The documentation site (docs/, mkdocs.yml) into site/; strict: a broken link, a missing
+# reference or a stale API name fails the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 # mypy following vLLM's and torch's own types (4-5 min cold, ~15 s with the cache).
 check-deep: $(STAMP)

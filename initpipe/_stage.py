@@ -308,7 +308,8 @@ def stage(
         teardown: undoes what the stage created; called with its output first, plus any of
             the stage's inputs it names as parameters.
         effects: names of external state the stage mutates because the host forces it.
-        after / before: stage names this stage must run after / before (ordering only).
+        after: stage names this stage must run after (ordering only).
+        before: stage names this stage must run before (ordering only).
         meta: declarations the framework keeps but does not interpret (string keys;
             strings, numbers, booleans, None or tuples of strings), e.g. which host
             functions the stage mirrors; shown by ``initpipe graph`` and in its JSON export.

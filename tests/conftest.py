@@ -75,3 +75,16 @@ def _writes_stay_in_pytest_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iter
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """List the README's and docs' examples the suite does not run, and why (each says so
+    on the line before its fence; tests/test_docs_examples.py runs the others)."""
+    from doc_blocks import blocks
+
+    shown = [b for b in blocks() if b.marker is not None]
+    if not shown:
+        return
+    terminalreporter.section("documentation examples not run by test_docs_examples.py")
+    for b in shown:
+        terminalreporter.write_line(f"{b.where} ({b.lang}) {b.marker[0]}: {b.marker[1]}")

@@ -177,18 +177,21 @@ def test_every_package_says_what_belongs_in_it(mod: str) -> None:
     assert len(doc.split()) >= 20, f"{MODULES[mod]} needs a docstring saying what belongs there"
 
 
-def test_every_path_the_readme_names_exists() -> None:
-    readme = (ROOT / "README.md").read_text()
-    pattern = r"`((?:initpipe|initpipe_vllm|stages|tests|benchmarks|examples)/[\w./-]*[\w/])"
-    paths = set(re.findall(pattern, readme))
-    assert len(paths) > 10
-    missing = sorted(p for p in paths if not (ROOT / p).exists())
+#: The pages a reader is sent to: the README and the docs site.
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_every_path_the_docs_name_exists() -> None:
+    pattern = r"`((?:initpipe|initpipe_vllm|stages|tests|benchmarks|examples|docs)/[\w./-]*[\w/])"
+    named = {(page.name, p) for page in PAGES for p in re.findall(pattern, page.read_text())}
+    assert len(named) > 10
+    missing = sorted((page, p) for page, p in named if not (ROOT / p).exists())
     assert missing == []
 
 
-def test_the_readme_layout_lists_every_folder() -> None:
-    readme = (ROOT / "README.md").read_text()
-    layout = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+def test_the_layout_lists_every_folder() -> None:
+    guide = (ROOT / "docs" / "maintainers.md").read_text()
+    layout = guide.split("## Layout", 1)[1].split("\n## ", 1)[0]
     folders = sorted(
         str(p.parent.relative_to(ROOT)) + "/"
         for folder in PACKAGES.values()
@@ -196,3 +199,18 @@ def test_the_readme_layout_lists_every_folder() -> None:
     )
     missing = [f for f in folders if f not in layout]
     assert missing == []
+
+
+def test_the_readme_starts_with_the_two_commands_and_fits_on_three_screens() -> None:
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 150
+    first = lines[: lines.index("```", 3) + 1]
+    assert first[2].startswith("```")
+    commands = [line.split("#")[0].strip() for line in first[3:-1]]
+    assert commands == ["make run", "make test"]
+
+
+def test_every_docs_page_is_in_the_site_nav() -> None:
+    nav = (ROOT / "mkdocs.yml").read_text()
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
+    assert [p for p in pages if f": {p}" not in nav] == []

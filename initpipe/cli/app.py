@@ -178,7 +178,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in DELEGATED:
-        return _run_delegated(argv[0], argv[1:])
+        try:
+            return _run_delegated(argv[0], argv[1:])
+        except BrokenPipeError:  # `initpipe startup report F | head`: as for graph below
+            _quiet_stdout()
+            return 0
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exit_:  # --help and argparse errors: return, don't exit
@@ -189,5 +193,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"Error: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `initpipe graph | head`: the reader left, not an error
-        sys.stderr.close()
+        _quiet_stdout()
         return 0
+
+
+def _quiet_stdout() -> None:
+    """After the reader of stdout left: point stdout at /dev/null, so the interpreter's
+    final flush at exit does not raise again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        sys.stderr.close()

@@ -24,7 +24,7 @@ from ..contract.source import open_source
 from ..errors import VllmSourceError
 from ._cli import Parser, UsageError
 
-__all__ = ["TITLES", "main", "render"]
+__all__ = ["TITLES", "build_parser", "main", "render"]
 
 #: What each capability is, in the text report.
 TITLES = {
@@ -38,7 +38,7 @@ TITLES = {
 assert set(TITLES) == set(CAPABILITIES)
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="initpipe doctor",
         description="Check a vLLM against the vLLM code initpipe mirrors and calls: per "
@@ -102,7 +102,7 @@ def render(report: Report, *, show_all: bool = False) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """``initpipe doctor``; returns the exit status (0 ok, 1 broken, 2 bad input)."""
     try:
-        args = _parser().parse_args(argv)
+        args = build_parser().parse_args(argv)
     except UsageError as err:
         print(f"Error: {err}", file=sys.stderr)
         return 2

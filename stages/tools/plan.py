@@ -84,7 +84,16 @@ from .plan_meta import (
 )
 from .plan_stages import PLAN_STAGES
 
-__all__ = ["BACKENDS", "GroupPlan", "LayerPlan", "Plan", "main", "plan", "planning_pipeline"]
+__all__ = [
+    "BACKENDS",
+    "GroupPlan",
+    "LayerPlan",
+    "Plan",
+    "build_parser",
+    "main",
+    "plan",
+    "planning_pipeline",
+]
 
 #: Backends ``plan`` accepts; FLASH_ATTN and TRITON_ATTN are planned with CUDA's rules.
 BACKENDS = ("FLASH_ATTN", "TRITON_ATTN", "CPU_ATTN")
@@ -580,7 +589,7 @@ def _positive(text: str) -> int:
     return value
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="initpipe plan",
         description="What a vLLM worker would allocate for a "
@@ -634,7 +643,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import json
 
     try:
-        args = _parser().parse_args(argv)
+        args = build_parser().parse_args(argv)
         if not os.path.isdir(args.model):
             raise UsageError(f"--model {args.model!r} is not a directory.")
         if not os.path.isfile(os.path.join(args.model, "config.json")):

@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_MODEL", "main"]
+__all__ = ["DEFAULT_MODEL", "build_parser", "main"]
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "tiny-llama"
 
@@ -173,7 +173,7 @@ def _block_counts(text: str) -> list[int]:
     return counts
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="initpipe run", description=__doc__.splitlines()[0])
     p.add_argument(
         "--model",
@@ -250,7 +250,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the main job; return 0 on success, 1 on a stage failure or a stock mismatch."""
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     if not (args.model / "config.json").is_file():
         print(f"Error: --model {args.model}: no config.json in that folder", file=sys.stderr)
         return 2

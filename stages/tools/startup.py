@@ -40,7 +40,7 @@ from .otlp import Receiver, ReceiverError, Span, read, to_json
 from .startup_render import FORMATS, render, render_compare
 from .startup_report import DEFAULT_MIN_S, DEFAULT_RATIO, FIRST_TOKEN, ONLY, build, compare
 
-__all__ = ["main", "read_marks"]
+__all__ = ["build_parser", "main", "read_marks"]
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "tiny-llama"
 CHILD = Path(__file__).resolve().parent / "_startup_child.py"
@@ -50,7 +50,7 @@ BATCH_DELAY_MS = "200"
 _FLUSH_TIMEOUT_S = 60.0
 
 
-def _parser() -> Parser:
+def build_parser() -> Parser:
     p = Parser(
         prog="initpipe startup",
         description="Where a whole vLLM start spends its time: vLLM's own spans, initpipe's "
@@ -588,7 +588,7 @@ def _report(args: Any) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """``initpipe startup``; returns the exit status."""
     try:
-        args = _parser().parse_args(argv)
+        args = build_parser().parse_args(argv)
         return _run(args) if args.command == "run" else _report(args)
     except UsageError as err:
         print(f"Error: {err}", file=sys.stderr)

@@ -197,3 +197,23 @@ def test_a_protobuf_file_that_is_not_an_export(
     path.write_bytes(b"\xff\xfe\x00garbage")
     assert main(["report", str(path)]) == 2
     assert "neither JSON nor not an OTLP trace export" in capsys.readouterr().err
+
+
+def test_a_reader_that_leaves_early_is_no_error(tmp_path: Path) -> None:
+    """``initpipe startup report F | head``: the pipe closes while the report is written."""
+    spans, marks_ = own_process_start()
+    report = build(spans, marks_, ready_s=T0 + 10.0)
+    report["spans"] = report["spans"] * 4000  # megabytes of JSON: more than a pipe holds
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(report))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "initpipe.cli", "startup", "report", str(path), "--format", "json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(10)  # the reader takes a little and leaves
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert "Traceback" not in err
