@@ -48,7 +48,7 @@ def _start(args: list[str], out: Path) -> dict[str, Any]:
 
 def run(smoke: bool = False, starts: int | None = None) -> list[Row]:
     """Rows for the benchmark runner (``python -m benchmarks``)."""
-    from initpipe_vllm.tools.startup_report import DEFAULT_MIN_S, DEFAULT_RATIO, compare
+    from initpipe_vllm.tools.startup_compare import DEFAULT_MIN_S, DEFAULT_RATIO, compare
 
     n = starts or (2 if smoke else 4)
     reports: dict[str, list[dict[str, Any]]] = {k: [] for k in PLACEMENTS}

@@ -34,17 +34,18 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InitpipeVllmError
+from ..hook import PIPELINED_WORKER
 from ..testing.server import health
 from ._cli import Parser, UsageError
 from .otlp import Receiver, ReceiverError, Span, read, to_json
+from .run import DEFAULT_MODEL
+from .startup_compare import DEFAULT_MIN_S, DEFAULT_RATIO, ONLY, compare
 from .startup_render import FORMATS, render, render_compare
-from .startup_report import DEFAULT_MIN_S, DEFAULT_RATIO, FIRST_TOKEN, ONLY, build, compare
+from .startup_report import FIRST_TOKEN, build
 
 __all__ = ["build_parser", "main", "read_marks"]
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "tiny-llama"
 CHILD = Path(__file__).resolve().parent / "_startup_child.py"
-PIPELINED_WORKER = "initpipe_vllm.worker.PipelinedWorker"
 #: ms between the batch exports of each process: spans arrive while the processes live
 BATCH_DELAY_MS = "200"
 _FLUSH_TIMEOUT_S = 60.0
@@ -409,9 +410,7 @@ def _launch(args: Any, rx: Receiver, work: Path, model: Path, extra: dict[str, A
     return _Started(proc, log, url)
 
 
-def _progress(
-    started: _Started, rx: Receiver, folder: Path, t0: float, seen: dict[str, Any]
-) -> None:
+def _progress(rx: Receiver, folder: Path, t0: float, seen: dict[str, Any]) -> None:
     """One progress tick: new processes, vLLM spans that arrived, a heartbeat."""
     now = time.time() - t0
     for rec in read_marks(folder):
@@ -480,14 +479,14 @@ def _start_and_report(
                     started.failed = f"not ready after {args.timeout:.0f} s"
                     break
                 started.poll()
-                _progress(started, rx, work / "marks", t0, seen)
+                _progress(rx, work / "marks", t0, seen)
                 time.sleep(0.1)
             if started.ready_s is not None:
                 _say(f"  +{started.ready_s - t0:6.1f} s  ready")
                 if args.first_token and args.serve:
                     assert started.url is not None
                     started.first_token = _first_token(started.url, str(model))
-            _progress(started, rx, work / "marks", t0, seen)
+            _progress(rx, work / "marks", t0, seen)
             incomplete = _flush_all(work / "marks", rx, t0)
         finally:
             started.stop()
@@ -535,26 +534,40 @@ def _write_outputs(args: Any, report: dict[str, Any]) -> None:
 
 
 def _write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all (a temporary file beside it, renamed;
-    a path that is no regular file, such as /dev/stdout, is written directly)."""
-    if path.exists() and not path.is_file():
-        with path.open("w") as f:
-            f.write(text)
-        return
+    """Write ``text`` whole or not at all (``initpipe.files.write_file``: a device or FIFO
+    such as /dev/stdout is written through, never renamed over)."""
+    from initpipe.files import write_file
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        tmp.write_text(text)
-        tmp.replace(path)
+        write_file(path, text)
     except OSError as err:
         raise UsageError(f"cannot write {path}: {err.strerror or err}") from None
+
+
+#: What every rendering and comparison reads from a report.
+_REPORT_KEYS: dict[str, type | tuple[type, ...]] = {
+    "spans": list,
+    "processes": list,
+    "critical_path": list,
+    "unattributed": list,
+    "phases": dict,
+    "wall_s": (int, float),
+    "attributed_s": (int, float),
+    "attributed_spans_s": (int, float),
+    "unattributed_s": (int, float),
+}
 
 
 def _load_report(path: Path) -> dict[str, Any]:
     kind, data = read(path)
     if kind == "report":
-        if not isinstance(data.get("spans"), list):
-            raise ReceiverError(f"{path}: a report without its spans list")
+        missing = [k for k, t in _REPORT_KEYS.items() if not isinstance(data.get(k), t)]
+        if missing:
+            raise ReceiverError(
+                f"{path}: not a whole start-up report (missing or malformed: "
+                f"{', '.join(missing)}); write one with initpipe startup run -o"
+            )
         return data
     if not data:
         raise ReceiverError(f"{path}: no spans in that file")

@@ -2,10 +2,10 @@
 process sent (vLLM's own and initpipe's stages) and initpipe's named intervals.
 
 What belongs here: turning received spans (:class:`~.otlp.Span`) and the processes' marks
-(:mod:`initpipe_vllm.hook.marks`) into the report (a JSON-ready dict, :func:`build`), and
-comparing two reports (:func:`compare`). Reading files is :mod:`.otlp`'s
-(:func:`~.otlp.load`), drawing is :mod:`.startup_render`'s, starting vLLM is
-:mod:`.startup`'s. Nothing here imports vLLM or OpenTelemetry.
+(:mod:`initpipe_vllm.hook.marks`) into the report (a JSON-ready dict, :func:`build`).
+Comparing two is :mod:`.startup_compare`'s, reading files :mod:`.otlp`'s
+(:func:`~.otlp.read`), drawing :mod:`.startup_render`'s, starting vLLM :mod:`.startup`'s.
+Nothing here imports vLLM or OpenTelemetry.
 
 The report (``"schema": "initpipe.startup/1"``; every time in seconds from ``origin``, the
 creation of the process the user started, on one wall clock shared by all processes):
@@ -61,7 +61,6 @@ __all__ = [
     "SPAN_PHASES",
     "SPAN_SITES",
     "build",
-    "compare",
 ]
 
 SCHEMA = "initpipe.startup/1"
@@ -608,84 +607,3 @@ def _inside(nodes: Iterable[_Node], a: float, b: float) -> list[str]:
     holding = [n for n in nodes if n.start <= mid <= n.end and n.name not in _REQUEST]
     inner = [n for n in holding if not any(c.start <= mid <= c.end for c in n.children)]
     return sorted({f"{n.name} ({n.process})" for n in inner})
-
-
-# -- comparing two reports ----------------------------------------------------------------
-#: The defaults of ``--compare``: flagged when both slower by this ratio and by this many
-#: seconds (benchmarks/startup.py measures how far back-to-back starts differ).
-DEFAULT_RATIO = 1.5
-DEFAULT_MIN_S = 0.25
-ONLY = ("all", "vllm", "initpipe")
-
-
-def _totals(report: Mapping[str, Any], only: str) -> dict[tuple[str, str], float]:
-    """(source, name) -> seconds: per name, the largest per-process sum of its spans' wall
-    time (ranks run side by side); phases as ``("phase", name)``; the whole start as
-    ``("total", "wall")`` and ``("total", "first token")``."""
-    per: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for s in report.get("spans", ()):
-        if only == "initpipe" and (s["source"], s.get("kind", "span")) != ("initpipe", "span"):
-            continue
-        if only == "vllm" and s["source"] != "vllm":
-            continue
-        per[(s["source"], s["name"])][s["process"]] += s["end_s"] - s["start_s"]
-    out = {key: max(v.values()) for key, v in per.items()}
-    if only == "all":
-        for phase, data in report.get("phases", {}).items():
-            out[("phase", phase)] = data["wall_s"]
-        out[("total", "wall")] = report.get("wall_s") or 0.0
-        if report.get("first_token_s") is not None:
-            out[("total", "first token")] = report["first_token_s"]
-    return out
-
-
-def compare(
-    base: Mapping[str, Any],
-    now: Mapping[str, Any],
-    *,
-    ratio: float = DEFAULT_RATIO,
-    min_s: float = DEFAULT_MIN_S,
-    only: str = "all",
-) -> dict[str, Any]:
-    """Differences between two reports, per span name, phase and total.
-
-    A row is a regression when it is slower by at least ``min_s`` seconds and by at least
-    ``ratio`` (a name absent from ``base`` counts from 0: a new slow stage is a
-    regression). ``only``: ``"vllm"`` (vLLM's spans), ``"initpipe"`` (initpipe's stage and
-    phase spans; not its named intervals) or ``"all"`` (spans, intervals, phases, totals).
-
-    Returns:
-        ``{"rows": [{"name", "source", "base_s", "now_s", "delta_s", "regression"}],
-        "regressions": [{"name", "source", "base_s", "now_s"}], "thresholds": {...}}``,
-        rows by how much slower, regressions likewise.
-    """
-    if only not in ONLY:
-        raise ValueError(f"only must be one of {', '.join(ONLY)}, not {only!r}")
-    if ratio < 1 or min_s < 0:
-        raise ValueError("the ratio must be 1 or more and the floor 0 s or more")
-    b, n = _totals(base, only), _totals(now, only)
-    rows: list[dict[str, Any]] = []
-    for key in sorted(set(b) | set(n)):
-        base_s, now_s = b.get(key), n.get(key)
-        delta = (now_s or 0.0) - (base_s or 0.0)
-        slower = now_s is not None and delta >= min_s and (not base_s or now_s / base_s >= ratio)
-        rows.append(
-            {
-                "source": key[0],
-                "name": key[1],
-                "base_s": base_s,
-                "now_s": now_s,
-                "delta_s": _r(delta),
-                "regression": bool(slower),
-            }
-        )
-    rows.sort(key=lambda r: -r["delta_s"])
-    return {
-        "thresholds": {"ratio": ratio, "min_s": min_s, "only": only},
-        "rows": rows,
-        "regressions": [
-            {k: r[k] for k in ("name", "source", "base_s", "now_s")}
-            for r in rows
-            if r["regression"]
-        ],
-    }

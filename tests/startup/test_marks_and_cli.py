@@ -190,6 +190,17 @@ def test_bad_input_is_one_error_line_and_status_2(
     assert err.startswith("Error: ") and message in err and "Traceback" not in err
 
 
+def test_a_report_missing_its_fields_is_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "half.json"
+    path.write_text(json.dumps({"schema": "initpipe.startup/1", "spans": [], "wall_s": "x"}))
+    assert main(["report", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "not a whole start-up report" in err and "processes" in err and "wall_s" in err
+    assert "Traceback" not in err
+
+
 def test_a_protobuf_file_that_is_not_an_export(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

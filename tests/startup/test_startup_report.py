@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from spans_kit import CORE, T0, own_process_start, sid, span, worker
 
-from initpipe_vllm.tools.startup_report import build, compare
+from initpipe_vllm.tools.startup_compare import compare
+from initpipe_vllm.tools.startup_report import build
 
 
 @pytest.fixture
