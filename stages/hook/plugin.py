@@ -74,7 +74,10 @@ def register() -> None:
         # read before the platform resolves it
         was_auto = vllm_config.parallel_config.worker_cls == "auto"
         original(vllm_config)
-        route_worker(vllm_config, was_auto=was_auto)
+        # Read again at each config: an engine started after the opt-in was unset (a test's
+        # stock oracle, say) must stay stock although this process patched the hook before.
+        if enabled():
+            route_worker(vllm_config, was_auto=was_auto)
 
     # Patching vLLM's platform class on purpose: vLLM looks this classmethod up on the
     # class each time it builds a config.

@@ -12,6 +12,8 @@ product path calls.
 - :mod:`.equivalence` — stock vs pipelined engines on one config: same tokens, logprobs and
   snapshots on a KV-sensitive workload (``python -m initpipe_vllm.testing.equivalence
   --model DIR``);
+- :mod:`.stock` — ``stock_environment`` and ``require_stock``: an oracle engine that is
+  certainly stock (the ``INITPIPE_VLLM`` opt-in unset, every rank's runner checked);
 - :mod:`.weights` — ``seeded_model``: a tiny model folder with seeded real safetensors
   weights, so outputs depend on the KV cache;
 - :mod:`.pytest_plugin` — the ``pytest11`` plugin with fixtures for stage-level tests.

@@ -226,3 +226,15 @@ def test_without_the_opt_in_register_changes_nothing(monkeypatch: pytest.MonkeyP
     before = cls.__dict__["check_and_update_config"]
     plugin.register()
     assert cls.__dict__["check_and_update_config"] is before
+
+
+def test_unsetting_the_opt_in_makes_the_next_engine_stock_again(
+    platform_cls: type, config: Any, monkeypatch: pytest.MonkeyPatch, initpipe_lines: Lines
+) -> None:
+    """The hook stays patched for the process, but the opt-in is read at each config: an
+    engine built after ``INITPIPE_VLLM`` is unset (a test's stock oracle) keeps the stock
+    worker, silently."""
+    assert resolve(platform_cls, config, monkeypatch) == PIPELINED_WORKER
+    monkeypatch.delenv("INITPIPE_VLLM")
+    assert resolve(platform_cls, config, monkeypatch) == STOCK
+    assert len(initpipe_lines(logging.INFO)) == 1 and initpipe_lines(logging.WARNING) == []
