@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from spans_kit import T0, own_process_start
+from waiting import HANG_S
 
 from initpipe_vllm.hook import marks
 from initpipe_vllm.tools.otlp import ReceiverError, from_json, read, to_json
@@ -71,11 +72,54 @@ def test_marks_and_the_flush_on_request(tmp_path: Path) -> None:
     assert {r["pid"] for r in records} == {header["pid"]}
 
 
-def test_marks_do_nothing_unless_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(marks.ENV_VAR, raising=False)
+#: ``marks.interval`` and ``marks.install`` with ``INITPIPE_STARTUP_MARKS`` unset, in a
+#: fresh process; prints what the process looks like afterwards. ``EngineArgs`` is a
+#: stand-in module (importing vLLM would cost seconds): what is checked is that initpipe
+#: wrapped nothing, not what vLLM does.
+QUIET_SCRIPT = textwrap.dedent(
+    """
+    import json, signal, sys, types
+
+    class EngineArgs:
+        def create_engine_config(self):
+            return "config"
+
+    original = EngineArgs.create_engine_config
+    for name in ("vllm", "vllm.engine", "vllm.engine.arg_utils"):
+        sys.modules[name] = types.ModuleType(name)
+    sys.modules["vllm.engine.arg_utils"].EngineArgs = EngineArgs
+
+    from initpipe_vllm.hook import marks
+
     marks.interval("x", 1.0, 2.0)
     marks.install()
-    assert list(tmp_path.iterdir()) == []
+    print(json.dumps({
+        "sigusr1_default": signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL,
+        "config_wrapped": EngineArgs.create_engine_config is not original,
+    }))
+    """
+)
+
+
+def test_marks_do_nothing_unless_asked(tmp_path: Path) -> None:
+    """Unset, the marks write nothing (not in the working folder, TMPDIR or HOME either),
+    set no SIGUSR1 handler and leave ``EngineArgs.create_engine_config`` unwrapped."""
+    places = {name: tmp_path / name for name in ("cwd", "tmp", "home")}
+    for folder in places.values():
+        folder.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != marks.ENV_VAR}
+    env.update(TMPDIR=str(places["tmp"]), HOME=str(places["home"]), PYTHONDONTWRITEBYTECODE="1")
+    res = subprocess.run(
+        [sys.executable, "-c", QUIET_SCRIPT],
+        env=env,
+        cwd=places["cwd"],
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+    )
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == {"sigusr1_default": True, "config_wrapped": False}
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == sorted(places)
 
 
 def test_a_torn_marks_line_is_skipped(tmp_path: Path) -> None:
