@@ -110,10 +110,27 @@ def test_the_doctor_json_has_the_documented_shape(capsys: pytest.CaptureFixture[
     code, out, _ = _doctor(capsys, "--json")
     assert code == 0
     data: dict[str, Any] = json.loads(out)
-    assert set(data) >= {"vllm", "distribution", "source", "baseline", "functions", "capabilities"}
+    assert set(data) == {
+        "vllm",
+        "distribution",
+        "source",
+        "baseline",
+        "functions",
+        "capabilities",
+        "matched",
+    }
     assert data["capabilities"] == dict.fromkeys(CAPABILITIES, "ok")
     entry = data["functions"][0]
-    assert set(entry) >= {"name", "kind", "status", "moved_to", "baseline", "affects"}
+    assert set(entry) == {
+        "name",
+        "kind",
+        "status",
+        "moved_to",
+        "baseline",
+        "affects",
+        "capabilities",
+        "detail",
+    }
     assert entry["kind"] in ("mirrors", "calls") and entry["affects"]
 
 

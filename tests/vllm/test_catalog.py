@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import initpipe_vllm
-from initpipe import KV, MODEL, Pipeline
+from initpipe import KV, MODEL, REQUIRED, Pipeline
 from initpipe_vllm import catalog
 
 
@@ -23,13 +23,22 @@ def test_catalog_imports_without_torch_or_vllm() -> None:
 def test_from_module_reads_initpipe_inputs_and_matches_catalog() -> None:
     p = Pipeline.from_module("initpipe_vllm")
     assert p.order == catalog().order
-    assert set(p.inputs[KV]) >= {
-        "kv_cache_config",
-        "is_profiling",
-        "kv_cache_layout",
-        "max_model_len",
-        "kv_cache_allocation_context",
+    declared = initpipe_vllm.INITPIPE_INPUTS
+    # exactly what the module declares, every phase, with the KV phase's defaults
+    assert {phase: dict(inputs) for phase, inputs in p.inputs.items()} == {
+        "start": dict.fromkeys(declared["start"], REQUIRED),
+        MODEL: {"model": REQUIRED},
+        KV: {
+            "kv_cache_config": REQUIRED,
+            "is_profiling": False,
+            "kv_cache_allocation_context": None,
+            "kv_cache_layout": None,
+            "max_model_len": REQUIRED,
+            "current_input_batch": REQUIRED,
+            "current_input_batch_geometry": REQUIRED,
+        },
     }
+    assert p.inputs == catalog().inputs
 
 
 def test_phases_split_model_facts_from_kv_work() -> None:
