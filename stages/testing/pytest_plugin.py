@@ -74,18 +74,36 @@ def assert_stages_ran(run: Any, names: list[str], phase: str | None = None) -> N
         )
 
 
-def assert_same_state(a: Any, b: Any, *, ignore: tuple[str, ...] = ()) -> None:
+#: What may follow an ignored path in a difference line: a key, an index, or the ": a != b".
+_AFTER = ("/", "[", ":")
+
+
+def _ignored(difference: str, paths: tuple[str, ...]) -> bool:
+    """Whether a ``path: a != b`` line lies at or below one of ``paths``, by whole path
+    components: ``/kv_cache`` covers ``/kv_cache``, ``/kv_cache/...`` and ``/kv_cache[0]``,
+    never ``/kv_cache_config``."""
+    for path in paths:
+        path = path.rstrip("/")
+        if difference.startswith(path) and difference[len(path) : len(path) + 1] in _AFTER:
+            return True
+    return False
+
+
+def assert_same_state(a: Any, b: Any, *, ignore: str | tuple[str, ...] = ()) -> None:
     """Fail with every difference unless two runners (or snapshots) hold the same state.
 
     Args:
         a, b: runners or :func:`~initpipe_vllm.snapshot.runner_snapshot` results.
-        ignore: path prefixes (as printed in the differences) an extension meant to change.
+        ignore: a path or paths (as printed in the differences) an extension meant to
+            change; each hides that path and everything below it (``/kv_cache`` hides
+            ``/kv_cache[0]`` and ``/kv_cache/x``, not ``/kv_cache_config``).
     """
     from .snapshot import diff_snapshots, runner_snapshot
 
+    paths = (ignore,) if isinstance(ignore, str) else tuple(ignore)
     sa = a if isinstance(a, dict) else runner_snapshot(a)
     sb = b if isinstance(b, dict) else runner_snapshot(b)
-    diffs = [d for d in diff_snapshots(sa, sb) if not d.startswith(ignore or ("\0",))]
+    diffs = [d for d in diff_snapshots(sa, sb) if not _ignored(d, paths)]
     if diffs:
         shown = "\n  ".join(diffs[:30])
         pytest.fail(f"runner states differ ({len(diffs)} differences):\n  {shown}")
