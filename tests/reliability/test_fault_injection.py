@@ -7,9 +7,15 @@ completed (``after=True``: its output exists and must be rolled back), check tha
 - the runner is exactly as vLLM's ``_cleanup_profiling_kv_cache`` leaves it (snapshot equal
   to the same runner's after a clean init + cleanup): no attention groups, no KV tensors,
   every layer's ``kv_cache`` empty, cudagraph mode and dispatcher keys as stock's cleanup
-  leaves them, the input batch untouched, the Mamba SSU globals as stock leaves them;
+  leaves them, the input batch untouched;
 - every KV storage allocated (the failed pass's and the one it replaced) is freed;
 - after ``clear_faults()`` a retry succeeds and its snapshot equals a clean run's.
+
+The Mamba SSU globals (``ssu_dispatch._mamba_ssu_backend``, ``_flashinfer_replayssm_kernel``)
+are process state the KV phase sets only on a model with Mamba layers: they are checked on a
+hybrid model (tiny-nemotron-h), for faults around the ``mamba_ssu_backend`` stage, with a
+sentinel planted before the failing re-init. Stock's cleanup never resets them, so a fault
+before the stage leaves the sentinel and one at or after it leaves what stock selects.
 
 KV-stage faults hit a runner that holds a KV cache and goes through vLLM's re-init
 sequence (``_cleanup_profiling_kv_cache()`` releases the old cache, then the new pass
@@ -45,10 +51,59 @@ def rig():
         yield rig
 
 
+#: A hybrid model (Mamba2 + attention) whose KV phase selects the Mamba SSU backend.
+HYBRID = "tiny-nemotron-h"
+_SSU = KV_STAGES.index("mamba_ssu_backend")
+#: The KV stages around the SSU selection: the one before it, it, the one after it.
+SSU_STAGES = KV_STAGES[_SSU - 1 : _SSU + 2]
+
+
+class _Sentinel:
+    """Planted in the SSU globals before a failing re-init: whatever replaces it was set by
+    that re-init."""
+
+    def __repr__(self) -> str:
+        return "<sentinel planted before the re-init>"
+
+
+SENTINEL = _Sentinel()
+
+
+@pytest.fixture(scope="module")
+def hybrid_rig():
+    return Rig(HYBRID)
+
+
 def _ssu_globals():
     from vllm.model_executor.layers.mamba.ops import ssu_dispatch
 
     return ssu_dispatch._mamba_ssu_backend, ssu_dispatch._flashinfer_replayssm_kernel
+
+
+def _set_ssu_globals(backend, kernel) -> None:
+    from vllm.model_executor.layers.mamba.ops import ssu_dispatch
+
+    ssu_dispatch._mamba_ssu_backend = backend
+    ssu_dispatch._flashinfer_replayssm_kernel = kernel
+
+
+def _stock_ssu_selection(rig):
+    """``(backend class, replay kernel)`` that stock's ``initialize_kv_cache`` leaves for the
+    rig's config: vLLM's ``initialize_mamba_ssu_backend`` called as
+    ``GPUModelRunner.initialize_kv_cache`` calls it, from unset globals (restored after)."""
+    from vllm.model_executor.layers.mamba.ops.ssu_dispatch import initialize_mamba_ssu_backend
+
+    saved = _ssu_globals()
+    _set_ssu_globals(None, None)
+    try:
+        cfg = rig.cfg
+        initialize_mamba_ssu_backend(
+            cfg.mamba_config, rig.kv_cache_config, use_replayssm=cfg.cache_config.use_replayssm
+        )
+        backend, kernel = _ssu_globals()
+        return type(backend), kernel
+    finally:
+        _set_ssu_globals(*saved)
 
 
 def _expected_completed(order, name, after):
@@ -92,7 +147,7 @@ def test_kv_stage_fault_rolls_back_frees_kv_and_retry_works(rig, name, when) -> 
     after = WHEN[when]
     rig.reinit()  # a KV cache in place
     assert rig.diff(rig.clean) == []
-    batch, ssu = rig.runner.input_batch, _ssu_globals()
+    batch = rig.runner.input_batch
     n_before = len(rig.spy.allocations)
     run = rig.runner.initpipe_run
     inject_fault(run, name, Injected(f"injected into {name}"), after=after)
@@ -103,7 +158,6 @@ def test_kv_stage_fault_rolls_back_frees_kv_and_retry_works(rig, name, when) -> 
         clear_faults(run)
     _check_error(info.value, name, KV, _expected_completed(KV_STAGES, name, after))
     _check_cleaned(rig, batch)
-    assert _ssu_globals() == ssu
     allocated = len(rig.spy.allocations) - n_before
     reached = KV_STAGES.index(name) + after > KV_STAGES.index("allocated_kv_caches")
     assert allocated == (1 if reached else 0)
@@ -139,6 +193,43 @@ def test_model_stage_fault_surfaces_from_the_runner_and_retry_works(rig, name, w
     assert runner.get_kv_cache_spec() == rig.specs  # the retry
     rig.init()
     assert rig.diff(rig.clean) == []
+
+
+@pytest.mark.parametrize("when", list(WHEN))
+@pytest.mark.parametrize("name", SSU_STAGES)
+def test_a_kv_fault_leaves_the_mamba_ssu_globals_as_stocks_cleanup_does(
+    hybrid_rig, name, when
+) -> None:
+    """Before ``mamba_ssu_backend`` ran, the planted sentinel stays (nothing selected yet);
+    once it ran, the globals hold stock's selection: the rollback does not undo it (stock's
+    cleanup does not either), and neither does the cleanup before the failing pass."""
+    rig, after = hybrid_rig, WHEN[when]
+    stock_backend, stock_kernel = _stock_ssu_selection(rig)
+    assert stock_backend is not type(None), f"{HYBRID}: stock selects no SSU backend"
+    selected = KV_STAGES.index(name) + after > _SSU
+    rig.reinit()
+    run = rig.runner.initpipe_run
+    saved = _ssu_globals()
+    inject_fault(run, name, Injected(f"injected into {name}"), after=after)
+    _set_ssu_globals(SENTINEL, SENTINEL)
+    try:
+        try:
+            with pytest.raises(StageError, match=f"stage '{name}'") as info:
+                rig.reinit()
+        finally:
+            clear_faults(run)
+        _check_error(info.value, name, KV, _expected_completed(KV_STAGES, name, after))
+        backend, kernel = _ssu_globals()
+        if selected:
+            assert (type(backend), kernel) == (stock_backend, stock_kernel), (name, when)
+        else:
+            assert (backend, kernel) == (SENTINEL, SENTINEL), (name, when)
+        _set_ssu_globals(SENTINEL, SENTINEL)
+        rig.init()  # the retry selects as stock does
+        backend, kernel = _ssu_globals()
+        assert (type(backend), kernel) == (stock_backend, stock_kernel), "the retry"
+    finally:
+        _set_ssu_globals(*saved)
 
 
 def test_every_catalog_stage_is_covered() -> None:
