@@ -75,6 +75,7 @@ def servers(
     from initpipe_vllm.serve import OPEN_ENV
     from initpipe_vllm.testing.equivalence import loadable_model, workload_engine_kwargs
     from initpipe_vllm.testing.server import ServerSpec, running_servers
+    from initpipe_vllm.testing.stock import OPT_IN_VARS
 
     runner = request.param
     run_env = _runner_env(runner)
@@ -91,8 +92,10 @@ def servers(
             return kwargs
 
         common = ["--middleware", "initpipe_vllm.serve.kv_cache_routes"]
-        closed = {"VLLM_API_KEY": None, OPEN_ENV: None, **run_env}
-        opened = {"VLLM_API_KEY": None, OPEN_ENV: "1", **run_env}
+        # No server inherits the opt-in: the fresh ones are the stock oracles.
+        stock = dict.fromkeys(OPT_IN_VARS)
+        closed = {"VLLM_API_KEY": None, OPEN_ENV: None, **stock, **run_env}
+        opened = {"VLLM_API_KEY": None, OPEN_ENV: "1", **stock, **run_env}
         hold = tmp_path_factory.mktemp("hold") / "steps"  # main's steps held while it exists
         fault = FAULT_STAGES[runner]
         specs = [
@@ -133,6 +136,14 @@ def servers(
             finally:
                 for client in clients.values():
                     client.close()
+
+
+def test_the_oracle_servers_are_stock_vllm(servers: Any) -> None:
+    """The fresh servers log no initpipe phase line; the pipelined ones do (the needle
+    works), whatever INITPIPE_VLLM the suite was started with."""
+    phase = re.compile(r"initpipe .*kv_cache_config phase: ")
+    logs = {n: s.log.read_text(errors="replace") for n, s in servers["servers"].items()}
+    assert {n for n, text in logs.items() if phase.search(text)} == {"main", "faulty"}
 
 
 @pytest.fixture(scope="module")
