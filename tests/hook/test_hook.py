@@ -190,6 +190,10 @@ def test_a_stage_failing_on_several_ranks_names_the_rank_and_every_ranks_trace(t
     (message,) = [x for x in res.stdout.splitlines() if x.startswith("ENGINE ERROR:")]
     rank = int(message.split("on rank ", 1)[1].split(" of 2:", 1)[0])
     assert "stage 'allocated_kv_caches'" in message
+    from initpipe_vllm import base_catalog
+
+    specs = base_catalog().specs  # the worker's catalog: no extension is enabled
+    kv_names = [step.name for step in base_catalog().steps["kv_cache_config"]]
     assert f"every rank's: {runtime / 'initpipe' / 'failure-*-rank*.json'}" in log
     for r in (0, 1):  # each rank logged its own failure and wrote its own trace
         (line,) = [
@@ -199,10 +203,17 @@ def test_a_stage_failing_on_several_ranks_names_the_rank_and_every_ranks_trace(t
         assert path.name.endswith(f"-rank{r}.json") and path.parent == runtime / "initpipe"
         events = json.loads(path.read_text())["events"]
         assert any(e["name"] == "allocated_kv_caches" and e["outcome"] == "error" for e in events)
-        # nothing half-built: the completed KV stages were rolled back (teardowns ran)
-        rolled_back = line.split("rolled back: ", 1)[1].split(";", 1)[0].split(", ")
-        assert {"runner_kv_cache_config", "metadata_builders"} <= set(rolled_back)
-        assert any(e["name"] == "metadata_builders" and e["kind"] == "teardown" for e in events)
+        # nothing half-built: every completed KV stage was rolled back, newest first (its
+        # outputs dropped), and exactly those with a teardown ran it, in that order
+        completed = line.split("; completed: ", 1)[1].split("; rolled back: ", 1)[0].split(", ")
+        rolled_back = line.split("; rolled back: ", 1)[1].split(";", 1)[0].split(", ")
+        kv = [e for e in events if e["phase"] == "kv_cache_config"]
+        assert completed == [e["name"] for e in kv if e["kind"] == "stage" and e["outcome"] == "ok"]
+        assert completed == kv_names[: kv_names.index("allocated_kv_caches")]
+        assert rolled_back == completed[::-1]
+        assert [e["name"] for e in kv if e["kind"] == "teardown"] == [
+            n for n in rolled_back if specs[n].teardown is not None
+        ]
     assert f"failure trace of this rank: {runtime / 'initpipe'}" in log
     assert f"-rank{rank}.json" in log
 
