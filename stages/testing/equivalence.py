@@ -467,8 +467,19 @@ def run_engine(
     model_dir: str | Path, *, pipelined: bool, reinit: bool = True, **overrides: Any
 ) -> dict[str, Any]:
     """Start one engine, run the workload and return outputs plus snapshots (every rank's,
-    as ``{"rank0": ..., ...}``, when there are several workers)."""
+    as ``{"rank0": ..., ...}``, when there are several workers).
+
+    Before the engine starts, the process globals a previous engine of this process may
+    have set are reset to their import-time values
+    (:func:`~.process_globals.reset_process_globals`), so neither side inherits the
+    other's. The stock engine starts inside :func:`~.stock.stock_environment` (the
+    ``INITPIPE_VLLM`` opt-in unset, else ``worker_cls="auto"`` would give it the pipelined
+    worker); ``meta["runners"]`` records each rank's ``(runner class, pipelined?)``.
+    """
     from vllm import LLM
+
+    from .process_globals import reset_process_globals
+    from .stock import runner_classes, stock_environment
 
     kwargs, opts = workload_engine_kwargs(model_dir, **overrides)
     if pipelined:
@@ -476,10 +487,13 @@ def run_engine(
 
         kwargs["worker_cls"] = PIPELINED_WORKER
     task = opts.get("task", "generate")
-    with _vllm_log_lines("prefix caching") as log:
+    reset_process_globals()
+    environment = contextlib.nullcontext() if pipelined else stock_environment()
+    with _vllm_log_lines("prefix caching") as log, environment:
         llm = LLM(**kwargs)
+    result: dict[str, Any] = {}
     try:
-        result: dict[str, Any] = {"init": _ranks(llm.collective_rpc(_snapshot))}
+        result["init"] = _ranks(llm.collective_rpc(_snapshot))
         result["outputs_a"] = run_workload(llm, task, salt=_SALT_A)
         result["after_a"] = _ranks(llm.collective_rpc(_snapshot))
         if reinit:
@@ -492,9 +506,14 @@ def run_engine(
         meta = {
             **metas[0],
             "runner_classes": [m["runner_class"] for m in metas],
+            "runners": [list(r) for r in runner_classes(llm)],
             "prefix_caching_log": log,
         }
         return {"meta": meta, **result}
+    except Exception as err:  # keep what was taken before it failed, for the comparison
+        with contextlib.suppress(Exception):  # the runner's state now, before the shutdown
+            result["at_failure"] = _ranks(llm.collective_rpc(_snapshot))
+        raise EngineRunError(str(err), partial=result) from err
     finally:
         core = getattr(llm.llm_engine, "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
@@ -528,9 +547,10 @@ def compare_model(
         (why the workload could not see the KV cache; see :func:`workload_problems`),
         ``prefix_caching`` (vLLM's setting, the repeated prefix's cached tokens, what vLLM
         logged about it), ``meta``, and both engines' full results. Where stock's engine
-        fails, only ``equal``, ``diffs``, ``problems`` and ``refused`` (``{"stock": ...,
-        "pipelined": ...}``, each ``Type: message`` or None) are returned: equal means the
-        pipelined engine failed with stock's own error.
+        fails, only ``equal``, ``diffs``, ``problems``, ``refused`` (``{"stock": ...,
+        "pipelined": ...}``, each ``Type: message`` or None) and ``failures`` (both
+        failures described: where each was raised, the runner state then) are returned:
+        equal means the pipelined engine failed with stock's own error, in the same place.
     """
     from .snapshot import stock_differences
 
@@ -550,9 +570,7 @@ def compare_model(
             diffs.append(f"/{key}: only in {'stock' if key in stock else 'pipelined'}")
         else:
             diffs += stock_differences(stock[key], piped[key], f"/{key}", torn_down=key in torn)
-    for rank, cls in enumerate(meta["pipelined"]["runner_classes"]):
-        if not cls.startswith("Pipelined"):
-            diffs.append(f"/meta: the pipelined engine's rank {rank} ran {cls}")
+    diffs += _runner_problems(meta)
     for side in ("stock", "pipelined"):
         ran = meta[side]["runner_version"]
         if model_runner is not None and ran != model_runner:
@@ -579,12 +597,35 @@ def compare_model(
     }
 
 
-def _error_text(err: BaseException) -> str:
-    """``Type: message`` of the innermost cause (a pipelined failure wraps stock's error
-    in a ``StageError``, whose ``__cause__`` is that error)."""
-    while err.__cause__ is not None:
-        err = err.__cause__
-    return f"{type(err).__name__}: {err}"
+def _runner_problems(meta: dict[str, Any]) -> list[str]:
+    """Each rank of either engine that ran the other side's runner, as ``/meta`` lines: a
+    stock oracle that is not stock vLLM (or a pipelined engine that is) would make the
+    comparison equal by construction."""
+    out = []
+    for side, want_pipelined in (("stock", False), ("pipelined", True)):
+        for rank, (cls, pipelined) in enumerate(meta[side]["runners"]):
+            if pipelined != want_pipelined:
+                kind = "initpipe's" if pipelined else "vLLM's own"
+                out.append(f"/meta: the {side} engine's rank {rank} ran {cls} ({kind} runner)")
+    return out
+
+
+class EngineRunError(RuntimeError):
+    """An engine failed after it started; the error is ``__cause__``, and ``partial`` holds
+    the snapshots and outputs :func:`run_engine` had taken before (``init`` ...)."""
+
+    def __init__(self, message: str, *, partial: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.partial = partial
+
+
+def _failure(err: BaseException) -> dict[str, Any]:
+    """:func:`~.failures.describe_failure` of one engine's failure, with ``partial``: the
+    snapshots and outputs taken before it and the runner's snapshot at it (``at_failure``),
+    where the engine had started (:class:`EngineRunError`); else empty."""
+    from .failures import describe_failure
+
+    return {**describe_failure(err), "partial": getattr(err, "partial", {})}
 
 
 def _refused_by_stock(
@@ -595,23 +636,30 @@ def _refused_by_stock(
     reinit: bool,
     extra: dict[str, Any],
 ) -> dict[str, Any]:
-    """The report for a config stock vLLM fails on: the pipelined engine must fail with the
-    same error (type and message) — then ``equal`` holds, with ``refused`` naming it."""
-    stock_text = _error_text(stock_err)
-    piped_text: str | None = None
+    """The report for a config stock vLLM fails on: the pipelined engine must fail the same
+    way — the same innermost error (type and message), raised in the same place, with the
+    same runner state at the failure and the same snapshots and outputs before it, where
+    they exist (:func:`~.failures.failure_differences`). Then ``equal`` holds, ``refused``
+    names the error and ``failures`` describes both."""
+    from .failures import failure_differences
+
+    stock = _failure(stock_err)  # before the pipelined engine changes the process
+    piped: dict[str, Any] | None = None
     try:
         run_engine(folder, pipelined=True, reinit=reinit, **extra)
     except Exception as piped_err:
-        piped_text = _error_text(piped_err)
-    same = piped_text == stock_text
+        piped = _failure(piped_err)
+    diffs = failure_differences(stock, piped)
     return {
         "model": str(model_dir),
         "weights": weights,
-        "equal": same,
-        "refused": {"stock": stock_text, "pipelined": piped_text},
-        "diffs": []
-        if same
-        else [f"/refused: stock failed ({stock_text}), pipelined: {piped_text}"],
+        "equal": not diffs,
+        "refused": {
+            "stock": stock["error"],
+            "pipelined": None if piped is None else piped["error"],
+        },
+        "failures": {"stock": stock, "pipelined": piped},
+        "diffs": diffs,
         "problems": [],
     }
 
@@ -702,10 +750,13 @@ def main(argv: list[str] | None = None) -> int:
                     **parallel,
                 )
             except Exception as err:  # report and go on with the next model
+                # the error itself, not the wrapper that carries what was taken before it
+                shown = err.__cause__ if isinstance(err, EngineRunError) else None
+                shown = shown or err
                 rep = {
                     "model": model,
                     "equal": False,
-                    "error": f"{type(err).__name__}: {err}",
+                    "error": f"{type(shown).__name__}: {shown}",
                     "diffs": [],
                     "problems": [],
                 }

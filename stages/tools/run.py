@@ -14,9 +14,12 @@ match and the workload saw the KV cache, printing what differs. ``--resize 32,12
 (seeded weights too) resizes the running engine's KV cache to each block count in turn
 after the first generation (:func:`initpipe_vllm.resize_kv_cache`), prints each report and
 generates again, then starts a fresh stock engine of each size and exits 1 unless the
-tokens and logprobs are the same. ``--model-runner v1|v2`` picks vLLM's runner (default:
-vLLM's choice); ``v2`` on a machine without a GPU runs Model Runner V2 through Triton's
-interpreter (:mod:`initpipe_vllm.testing.triton_cpu`) and says so.
+tokens and logprobs are the same. Every stock engine starts with the ``INITPIPE_VLLM``
+opt-in unset (:func:`~initpipe_vllm.testing.stock.stock_environment`) and is checked to run
+vLLM's own runner on every rank; one that does not ends the run with ``Error:`` and exit 1.
+``--model-runner v1|v2`` picks vLLM's runner (default: vLLM's choice); ``v2`` on a machine
+without a GPU runs Model Runner V2 through Triton's interpreter
+(:mod:`initpipe_vllm.testing.triton_cpu`) and says so.
 ``--tensor-parallel-size N`` / ``--pipeline-parallel-size M`` run several workers
 (vLLM's multiprocess executor; on CPU the thread binding is set when unset): their
 stages run in other processes, so each rank's stages are printed from its trace once the
@@ -34,7 +37,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_MODEL", "build_parser", "main"]
+__all__ = ["DEFAULT_MODEL", "NotStockError", "build_parser", "main"]
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "tiny-llama"
 
@@ -119,20 +122,38 @@ def _print_summary(summary: dict[str, Any]) -> None:
     _say(f"  total (distinct)  {counted:,} B")
 
 
+class NotStockError(RuntimeError):
+    """The engine started as the stock oracle runs initpipe's runner: comparing with it
+    would compare the pipeline with itself."""
+
+
 def _start(
     model: Path, pipelined: bool, kv_bytes: int, extra: dict[str, Any], **overrides: Any
 ) -> Any:
+    """Start the pipelined engine, or a stock one: that one inside ``stock_environment()``
+    (``INITPIPE_VLLM`` unset) and checked on every rank (:class:`NotStockError`)."""
     from vllm import LLM
 
     from ..hook import PIPELINED_WORKER
     from ..testing.equivalence import workload_engine_kwargs
+    from ..testing.process_globals import reset_process_globals
+    from ..testing.stock import require_stock, stock_environment
 
     kwargs, opts = workload_engine_kwargs(
         model, kv_cache_memory_bytes=kv_bytes, **extra, **overrides
     )
+    reset_process_globals()  # neither engine inherits what the other set in this process
     if pipelined:
         kwargs["worker_cls"] = PIPELINED_WORKER
-    return LLM(**kwargs), opts.get("task", "generate")
+        return LLM(**kwargs), opts.get("task", "generate")
+    with stock_environment():
+        llm = LLM(**kwargs)
+    try:
+        require_stock(llm, "the stock engine to compare with")
+    except RuntimeError as err:
+        _stop(llm)
+        raise NotStockError(str(err)) from None
+    return llm, opts.get("task", "generate")
 
 
 def _stop(llm: Any) -> None:
@@ -317,8 +338,6 @@ def _run(args: argparse.Namespace, model: Path, extra: dict[str, Any]) -> int:
     from initpipe import StageError
 
     from ..hook import progress
-    from ..testing.equivalence import workload_problems
-    from ..testing.snapshot import stock_differences
 
     _say(f"initpipe run: {args.model} through initpipe_vllm.worker.PipelinedWorker")
     if model != args.model:
@@ -355,6 +374,25 @@ def _run(args: argparse.Namespace, model: Path, extra: dict[str, Any]) -> int:
         if paths is not None:
             chrome = f" (and {paths[1]})" if paths[1] is not None else ""
             _say(f"\ntrace: {paths[0]}{chrome}")
+    try:
+        return _against_stock(args, model, extra, task, piped, resized)
+    except NotStockError as err:
+        print(f"Error: {err}", file=sys.stderr)
+        return 1
+
+
+def _against_stock(
+    args: argparse.Namespace,
+    model: Path,
+    extra: dict[str, Any],
+    task: str,
+    piped: dict[str, Any],
+    resized: list[tuple[int, Any]],
+) -> int:
+    """``--resize``'s and ``--compare-stock``'s checks against stock engines: 0 or 1."""
+    from ..testing.equivalence import workload_problems
+    from ..testing.snapshot import stock_differences
+
     status = 0
     if resized:
         status = _check_resized(model, args.kv_bytes, extra, task, resized)

@@ -137,12 +137,42 @@ def test_the_architectures_cover_what_they_claim(reports) -> None:
         assert snap(hybrid)["init_slot_mapping_modes"][0] == "SlotMappingMode.NONE"
 
 
-def test_pipelined_worker_in_multiprocess_mode(tmp_path, harness) -> None:
+def test_pipelined_worker_in_multiprocess_mode(tmp_path, harness, monkeypatch) -> None:
     """Fresh engines: the module's reports run in-process; this pair runs the engine core
-    and the worker in processes of their own, a different start."""
+    and the worker in processes of their own, a different start. With the README's opt-in
+    ``INITPIPE_VLLM=1`` exported, which the spawned engine core of a stock oracle must
+    not inherit: the stock side still runs vLLM's own runner."""
+    monkeypatch.setenv("INITPIPE_VLLM", "1")
     (rep,) = harness(tmp_path, ["tiny-llama"], "--multiprocess", "--no-reinit")
     assert "error" not in rep, rep.get("error")
     assert rep["diffs"] == [] and rep["equal"] and rep["problems"] == []
     facts = rep["stock"]["outputs_a"]["facts"]
     assert rep["prefix_caching"]["num_cached_tokens"] == [facts["block_size"]]
     assert rep["meta"]["pipelined"]["runner_class"] == "PipelinedCPUModelRunner"
+    assert rep["meta"]["stock"]["runners"] == [
+        ["vllm.v1.worker.cpu_model_runner.CPUModelRunner", False]
+    ]
+
+
+def test_the_known_process_globals_reset_to_what_vllm_assigns_at_import() -> None:
+    """The harness resets these before each engine (stock's must not leak into the
+    pipelined side); the declared values are the ones vLLM's modules assign."""
+    from initpipe_vllm.testing.process_globals import (
+        KNOWN_PROCESS_GLOBALS,
+        declared_value_problems,
+        reset_process_globals,
+    )
+
+    assert declared_value_problems() == []
+    paths = {g.path for g in KNOWN_PROCESS_GLOBALS}
+    assert "vllm.model_executor.layers.mamba.ops.ssu_dispatch:_mamba_ssu_backend" in paths
+    from vllm.model_executor.layers.mamba.ops import ssu_dispatch
+
+    saved = ssu_dispatch._mamba_ssu_backend
+    ssu_dispatch._mamba_ssu_backend = sentinel = object()
+    try:
+        replaced = reset_process_globals()
+        assert replaced[f"{ssu_dispatch.__name__}:_mamba_ssu_backend"] is sentinel
+        assert ssu_dispatch._mamba_ssu_backend is None
+    finally:
+        ssu_dispatch._mamba_ssu_backend = saved

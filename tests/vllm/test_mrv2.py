@@ -37,12 +37,16 @@ EQUAL = [
     "tiny-lfm2",
     "tiny-gpt-oss",
 ]
-#: Embedded models stock MRv2 itself fails on here, with the words of its error: the
-#: pipelined engine must fail with exactly stock's error. Jamba's Mamba1 mixer calls a
+#: Embedded models stock MRv2 itself fails on here, with the words of its error and where
+#: it is raised (the innermost frame; the innermost vLLM frame): the pipelined engine must
+#: fail with exactly stock's error, in the same place. Jamba's Mamba1 mixer calls a
 #: CUDA-only custom op through the interpreter-less path (vLLM's, not initpipe's).
 REFUSED_BY_STOCK = {
     "tiny-jamba": "AttributeError: '_OpNamespace' '_C' object has no attribute "
     "'selective_scan_fwd'",
+}
+REFUSED_WHERE = {
+    "tiny-jamba": ("torch._ops:_OpNamespace.__getattr__", "vllm._custom_ops:selective_scan_fwd"),
 }
 PREFIX_CACHING_OFF = ("tiny-bert", "tiny-deepseek-mla")
 V2 = ("--model-runner", "v2")
@@ -114,12 +118,21 @@ def _unbound(view) -> bool:
 
 @pytest.mark.parametrize("model", sorted(REFUSED_BY_STOCK))
 def test_where_stock_mrv2_fails_the_pipelined_engine_fails_the_same_way(reports, model):
+    """The same error, raised in the same place (frame and vLLM function), after the same
+    snapshots and outputs, with the same runner state at the failure."""
     rep = reports[model]
     assert rep["refused"] == {
         "stock": REFUSED_BY_STOCK[model],
         "pipelined": REFUSED_BY_STOCK[model],
     }
-    assert rep["equal"] and rep["diffs"] == []
+    assert rep["diffs"] == []
+    assert rep["equal"]
+    for side in ("stock", "pipelined"):
+        failure = rep["failures"][side]
+        assert (failure["raised_in"], failure["vllm_frame"]) == REFUSED_WHERE[model], side
+        assert failure["stage"] is None  # in the forward, after the engine started
+        # compared too (equal, as rep["diffs"] says): what was taken before it failed
+        assert set(failure["partial"]) == {"init", "at_failure"}, side
 
 
 def test_mrv2_with_the_engine_core_and_two_workers_in_their_own_processes(
