@@ -41,18 +41,34 @@ class Block:
         return f"{self.page}:{self.line}"
 
 
+#: An opening fence: its indent and info string (the language word, maybe more, or none).
+_FENCE = re.compile(r"^(\s*)```(.*)$")
+
+
 def blocks(pages: list[Path] | None = None) -> list[Block]:
+    """Every fenced block of ``pages`` (default: the README and docs/), in page order.
+
+    A fence with no language word is kept with ``lang=""``: the docs test refuses it rather
+    than letting an example go unchecked. Raises ValueError naming the page and line of a
+    fence that is never closed.
+    """
     out = []
     for page in pages or PAGES:
         lines = page.read_text().splitlines()
         i = 0
         while i < len(lines):
-            m = re.match(r"^```(\w+)\s*$", lines[i])
+            m = _FENCE.match(lines[i])
             if not m:
                 i += 1
                 continue
             start = i
-            end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+            end = next(
+                (j for j in range(i + 1, len(lines)) if lines[j].lstrip().startswith("```")),
+                None,
+            )
+            if end is None:
+                msg = f"{page.relative_to(ROOT)}:{start + 1}: a fence that is never closed"
+                raise ValueError(msg)
             prev = lines[start - 1] if start > 0 else ""
             mark = _MARK.search(prev)
             marker = (mark.group(1), mark.group(2)) if mark else None
@@ -66,13 +82,18 @@ def blocks(pages: list[Path] | None = None) -> list[Block]:
                 Block(
                     page=str(page.relative_to(ROOT)),
                     line=start + 1,
-                    lang=m.group(1),
-                    code="\n".join(lines[start + 1 : end]) + "\n",
+                    lang=(m.group(2).split() or [""])[0],
+                    code="\n".join(_dedent(lines[start + 1 : end], len(m.group(1)))) + "\n",
                     marker=marker,
                 )
             )
             i = end + 1
     return out
+
+
+def _dedent(lines: list[str], indent: int) -> list[str]:
+    """The lines of a fence indented by ``indent`` (in a list item), without that indent."""
+    return [line[indent:] if not line[:indent].strip() else line.lstrip() for line in lines]
 
 
 def block_run_by(test_file: str) -> Block:

@@ -22,6 +22,11 @@ RUN = [b for b in blocks() if b.marker is None]
 BIN = Path(sys.executable).parent
 
 
+def test_every_fence_names_its_language() -> None:
+    """A fence without a language word would be neither run nor listed: refused."""
+    assert [b.where for b in blocks() if not b.lang] == []
+
+
 def test_every_example_is_run_or_says_why() -> None:
     known = {"python", "bash", "json", "toml"}
     assert {b.lang for b in RUN} <= known, [b.where for b in RUN if b.lang not in known]

