@@ -21,10 +21,15 @@ from typing import Any
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 MODEL = "tiny-llama"
+#: The module whose ``allocate_kv_cache`` v1's runner (and the v1 catalog) calls at call time.
+V1_ALLOCATOR = "vllm.v1.worker.utils"
+#: Model Runner V2's ``init_kv_cache`` calls the name it imported into this module.
+MRV2_ALLOCATOR = "vllm.v1.worker.gpu.attn_utils"
 
 
 class AllocationSpy:
-    """Wraps ``vllm.v1.worker.utils.allocate_kv_cache``; weakrefs every storage it returns.
+    """Wraps ``vllm.v1.worker.utils.allocate_kv_cache`` (and, given ``modules``, the same
+    name where Model Runner V2 calls it); weakrefs every storage it returns.
 
     Attributes:
         allocations: one list of storage weakrefs per allocation, in call order.
@@ -32,11 +37,14 @@ class AllocationSpy:
             live storage when it began (no gc run: what reference counting had freed).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, modules: tuple[str, ...] = (V1_ALLOCATOR,)) -> None:
+        """``modules``: where the allocator is looked up by its callers (each module's
+        ``allocate_kv_cache`` is wrapped); :data:`MRV2_ALLOCATOR` too for Model Runner V2."""
         self.allocations: list[list[weakref.ref]] = []
         self.live_at_allocation: list[int] = []
         self._lock = threading.Lock()
-        self._orig: Any = None
+        self._modules = modules
+        self._origs: dict[str, Any] = {}
 
     def _live(self) -> int:
         return sum(1 for refs in self.allocations if any(r() is not None for r in refs))
@@ -48,11 +56,21 @@ class AllocationSpy:
         with self._lock:
             return self._live()
 
-    def __enter__(self) -> AllocationSpy:
-        import vllm.v1.worker.utils as vutils
+    def alive(self, collect: bool = True) -> dict[int, list[tuple[int, int]]]:
+        """Each allocation (by its index) with a storage still alive (after a gc by default):
+        its live storages as ``(data_ptr, nbytes)``. A storage is the whole backing buffer
+        (vLLM's int8 one), so a view of any dtype, or the raw buffer, keeps it listed."""
+        if collect:
+            gc.collect()
+        with self._lock:
+            out = {}
+            for i, refs in enumerate(self.allocations):
+                live = [s for s in (r() for r in refs) if s is not None]
+                if live:
+                    out[i] = sorted((s.data_ptr(), s.nbytes()) for s in live)
+            return out
 
-        self._orig = orig = vutils.allocate_kv_cache
-
+    def _wrap(self, orig: Any) -> Any:
         def allocate_kv_cache(*args: Any, **kwargs: Any) -> Any:
             with self._lock:
                 self.live_at_allocation.append(self._live())
@@ -65,13 +83,25 @@ class AllocationSpy:
                 self.allocations.append([weakref.ref(s) for s in storages.values()])
             return out
 
-        vutils.allocate_kv_cache = allocate_kv_cache
+        return allocate_kv_cache
+
+    def __enter__(self) -> AllocationSpy:
+        import importlib
+
+        # import every module before wrapping any: one importing the name from another
+        # after it was wrapped would count each allocation twice
+        modules = {name: importlib.import_module(name) for name in self._modules}
+        for name, module in modules.items():
+            self._origs[name] = orig = module.allocate_kv_cache
+            module.allocate_kv_cache = self._wrap(orig)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        import vllm.v1.worker.utils as vutils
+        import importlib
 
-        vutils.allocate_kv_cache = self._orig
+        for name, orig in self._origs.items():
+            importlib.import_module(name).allocate_kv_cache = orig
+        self._origs.clear()
 
 
 class Rig:

@@ -9,18 +9,21 @@ equivalence harness's workload (longer than a block, a prefix-cache hit, exact l
   (grow), released and resumed, resized 50 times alternating B/C, and after each of these
   runs the workload again and records outputs, ``runner_snapshot`` and
   ``scheduler_snapshot``;
-- fresh STOCK engines started with ``num_gpu_blocks_override=B`` and ``=C`` run the same
-  workload: the oracle. Outputs (tokens, logprobs, cached tokens), the block pool (blocks,
+- fresh STOCK engines started with ``num_gpu_blocks_override=B`` and ``=C`` (the opt-in
+  ``INITPIPE_VLLM`` unset, their runner checked to be vLLM's) run the same workload: the
+  oracle. Outputs (tokens, logprobs, cached tokens), the block pool (blocks,
   free queue, groups, every scheduler setting) and the runner snapshot must be equal;
 - failures: a fault injected once at every KV stage (before it runs, and after it ran) makes
-  the resize fail naming that stage and roll back to the previous size, which keeps
-  serving the oracle's outputs; a size too small for ``max_model_len`` and one larger than
+  the resize fail naming that stage and roll back to the previous size: after each
+  rollback the runner snapshot equals the one before the failed resize, and the engine
+  keeps serving the oracle's outputs; a size too small for ``max_model_len`` and one larger than
   the machine are refused before anything changes; a fault that also hits the rollback
   leaves the engine released (requests refused), and a resume brings it back;
 - requests: ``mode="wait"`` with a request holding KV blocks is refused in-process; with
   ``mode="abort"`` it is aborted and reported; a request queued but not started runs after
   the resize and gives the oracle's tokens; while released ``generate`` raises;
-- leaks: after the cycles no KV storage is alive beyond the current cache;
+- leaks: every KV allocation's storages are weakref'd (``relkit.AllocationSpy``); after
+  the cycles, and after the faults, only the current cache's are alive;
 - with vLLM's ``ExampleConnector`` (tiny-llama-connector) a shrink equals a fresh engine
   with its own connector storage.
 
@@ -123,28 +126,17 @@ def _empty_step(llm: Any) -> str:
         return f"{type(err).__name__}: {err}"
 
 
-def _kv_storages_alive(llm: Any) -> dict[str, Any]:
-    """Storages of CPU float tensors at least one KV page large, alive anywhere, against the
-    current KV cache's storages."""
-    import gc
-
-    import torch
-
+def _kv_storages_alive(llm: Any, spy: Any) -> dict[str, Any]:
+    """Every KV allocation the spy saw (``relkit.AllocationSpy``: weakrefs to the backing
+    storages ``allocate_kv_cache`` returned, whatever their size or dtype) that is still
+    alive after a gc, against the storages of the runner's current cache."""
     runner = _runner(llm)
-    current = {t.untyped_storage().data_ptr() for t in runner.kv_caches}
-    smallest = min(t.untyped_storage().nbytes() for t in runner.kv_caches)
-    gc.collect()
-    alive = set()
-    for obj in gc.get_objects():
-        # plain tensors only (compile leaves fake/symbolic ones around)
-        if type(obj) in (torch.Tensor, torch.nn.Parameter) and obj.device.type == "cpu":
-            st = obj.untyped_storage()
-            if st.nbytes() >= smallest and obj.dtype == runner.kv_caches[0].dtype:
-                alive.add((st.data_ptr(), st.nbytes()))
+    current = sorted({t.untyped_storage().data_ptr() for t in runner.kv_caches})
+    alive = spy.alive()
     return {
-        "current": sorted(current),
-        "alive_kv_sized": sorted(p for p, _ in alive),
-        "stale": sorted(p for p, n in alive if p not in current and n == smallest),
+        "allocations": len(spy.allocations),
+        "current": current,
+        "alive": {str(i): [ptr for ptr, _ in st] for i, st in alive.items()},
     }
 
 
@@ -165,16 +157,30 @@ def _error(err: BaseException) -> dict[str, Any]:
     }
 
 
+def _stock_llm(kwargs: dict[str, Any]) -> Any:
+    """An oracle engine that is certainly stock vLLM: started with the opt-in
+    (``INITPIPE_VLLM``) unset, and refused unless its runner is vLLM's own."""
+    from vllm import LLM
+
+    from initpipe_vllm.testing.stock import require_stock, stock_environment
+
+    with stock_environment():
+        llm = LLM(**kwargs)
+    require_stock(llm)
+    return llm
+
+
 def _fresh(folder: Path, extra: dict[str, Any], blocks: int, queued: list[int]) -> Any:
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from initpipe_vllm.testing.equivalence import workload_engine_kwargs
+    from initpipe_vllm.testing.stock import runner_classes
 
     kwargs, _ = workload_engine_kwargs(folder, num_gpu_blocks_override=blocks, **extra)
-    llm = LLM(**kwargs)
+    llm = _stock_llm(kwargs)
     try:
-        out = {"outputs": _outputs(llm), **_state(llm)}
+        out = {"outputs": _outputs(llm), **_state(llm), "runner_classes": runner_classes(llm)}
         params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, detokenize=False)
         (q,) = llm.generate([TokensPrompt(prompt_token_ids=queued)], params, use_tqdm=False)
         out["queued_tokens"] = list(q.outputs[0].token_ids)
@@ -184,14 +190,15 @@ def _fresh(folder: Path, extra: dict[str, Any], blocks: int, queued: list[int]) 
         del llm
 
 
-def _engine_under_test(folder: Path, extra: dict[str, Any], queued: list[int]) -> Any:
+def _engine_under_test(folder: Path, extra: dict[str, Any], queued: list[int], spy: Any) -> Any:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     import initpipe_vllm as ip
     from initpipe.testing import clear_faults, inject_fault
     from initpipe_vllm.hook import PIPELINED_WORKER
-    from initpipe_vllm.testing.equivalence import workload_engine_kwargs
+    from initpipe_vllm.testing.equivalence import runner_snapshot, workload_engine_kwargs
+    from initpipe_vllm.testing.stock import runner_classes
 
     kwargs, _ = workload_engine_kwargs(
         folder, num_gpu_blocks_override=A, worker_cls=PIPELINED_WORKER, **extra
@@ -203,6 +210,7 @@ def _engine_under_test(folder: Path, extra: dict[str, Any], queued: list[int]) -
 
     def checkpoint(name: str, report: Any) -> None:
         rec[name] = {
+            "runner_classes": runner_classes(llm),
             "report": report.to_dict(),
             "info": ip.kv_cache_info(llm).to_dict(),
             "requests_after_resize": _request_state(llm),
@@ -236,7 +244,7 @@ def _engine_under_test(folder: Path, extra: dict[str, Any], queued: list[int]) -
     reports = [ip.resize_kv_cache(llm, num_blocks=B if i % 2 == 0 else C) for i in range(cycles)]
     checkpoint("cycled", reports[-1])
     rec["cycles"] = [r.to_dict() for r in reports]
-    rec["leaks"] = _kv_storages_alive(llm)
+    rec["leaks"] = _kv_storages_alive(llm, spy)
 
     # refusals before anything changes
     refusals = {}
@@ -256,10 +264,15 @@ def _engine_under_test(folder: Path, extra: dict[str, Any], queued: list[int]) -
     refusals["info_after"] = ip.kv_cache_info(llm).to_dict()
     rec["refusals"] = refusals
 
-    # a fault at every KV stage: the resize C -> B fails there and rolls back to C
+    # a fault at every KV stage: the resize C -> B fails there and rolls back to C; after
+    # each rollback the runner is as before the failed resize (its KV contents aside: the
+    # served workload's before, a zeroed cache after)
     runner = _runner(llm)
+    before = runner_snapshot(runner, blocks=False)
     faults = []
-    for stage in runner.initpipe_pipeline.phase_order("kv_cache_config"):
+    stages = runner.initpipe_pipeline.phase_order("kv_cache_config")
+    rec["kv_stages"] = list(stages)
+    for stage in stages:
         for after in (False, True):
             inject_fault(runner.initpipe_run, stage, after=after, times=1)
             try:
@@ -270,8 +283,10 @@ def _engine_under_test(folder: Path, extra: dict[str, Any], queued: list[int]) -
             finally:
                 clear_faults(runner.initpipe_run)
             res.update(stage=stage, after=after, blocks=ip.kv_cache_info(llm).num_blocks)
+            res["runner_diff"] = _same(before, runner_snapshot(runner, blocks=False))
             faults.append(res)
     rec["faults"] = faults
+    rec["leaks_after_faults"] = _kv_storages_alive(llm, spy)
     llm.reset_prefix_cache()
     rec["after_faults"] = {"outputs": _outputs(llm)}
 
@@ -328,6 +343,7 @@ def _connector(weights_dir: str) -> dict[str, Any]:
     import initpipe_vllm as ip
     from initpipe_vllm.hook import PIPELINED_WORKER
     from initpipe_vllm.testing.equivalence import loadable_model, workload_engine_kwargs
+    from initpipe_vllm.testing.stock import runner_classes
 
     out: dict[str, Any] = {}
     with loadable_model(MODEL.parent / "tiny-llama-connector", weights_dir=weights_dir) as (
@@ -344,8 +360,12 @@ def _connector(weights_dir: str) -> dict[str, Any]:
         llm.llm_engine.engine_core.shutdown()
         del llm
         kwargs, _ = workload_engine_kwargs(folder, num_gpu_blocks_override=B, **extra)
-        fresh = LLM(**kwargs)
-        out["fresh"] = {"outputs": _outputs(fresh), **_state(fresh)}
+        fresh = _stock_llm(kwargs)
+        out["fresh"] = {
+            "outputs": _outputs(fresh),
+            **_state(fresh),
+            "runner_classes": runner_classes(fresh),
+        }
         fresh.llm_engine.engine_core.shutdown()
     return out
 
@@ -354,12 +374,16 @@ def main(out: str, weights_dir: str) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     import random
 
+    from reliability.relkit import MRV2_ALLOCATOR, V1_ALLOCATOR, AllocationSpy
+
     from initpipe_vllm.testing.equivalence import loadable_model
 
     queued = [random.Random(7).randrange(3, 500) for _ in range(150)]
+    allocators = (V1_ALLOCATOR, MRV2_ALLOCATOR) if _runner_version() == "v2" else (V1_ALLOCATOR,)
     with loadable_model(MODEL, weights_dir=weights_dir) as (folder, extra):
         result: dict[str, Any] = {"model_runner": _runner_version()}
-        result["engine"] = _engine_under_test(folder, extra, queued)
+        with AllocationSpy(allocators) as spy:
+            result["engine"] = _engine_under_test(folder, extra, queued, spy)
         result["fresh_B"] = _fresh(folder, extra, B, queued)
         result["fresh_C"] = _fresh(folder, extra, C, queued)
     result["connector"] = _connector(weights_dir)
@@ -373,6 +397,20 @@ def result(request: pytest.FixtureRequest, script_result: Any) -> Any:
     got = script_result(__file__, model_runner=request.param)
     assert got["model_runner"] == request.param
     return got
+
+
+def test_the_oracles_are_stock_vllm(result: Any) -> None:
+    """Each oracle ran vLLM's own runner (the script refuses one that did not, so a stock
+    oracle is recorded here only as stock), the engine under test initpipe's."""
+    oracles = {
+        "fresh_B": result["fresh_B"],
+        "fresh_C": result["fresh_C"],
+        "connector": result["connector"]["fresh"],
+    }
+    for name, oracle in oracles.items():
+        (cls, pipelined), *more = oracle["runner_classes"]
+        assert not more and pipelined is False and cls.startswith("vllm."), (name, cls)
+    assert result["engine"]["shrink"]["runner_classes"][0][1] is True
 
 
 def test_each_runner_ran_and_reports_itself(result: Any) -> None:
@@ -489,13 +527,36 @@ def test_release_frees_everything_and_refuses_requests_until_resume(result: Any)
     assert (resumed["report"]["blocks_before"], resumed["report"]["blocks_after"]) == (0, C)
 
 
+def _only_the_current_generation_alive(leaks: dict[str, Any], allocations: int) -> None:
+    """Exactly ``allocations`` KV allocations were seen, and of them only the last (the
+    cache in place) still has a live storage: exactly the runner's current storages."""
+    assert leaks["allocations"] == allocations
+    last = str(allocations - 1)
+    assert leaks["alive"] == {last: leaks["current"]}, (
+        f"KV allocations still alive besides #{last} (the current one): "
+        f"{sorted(set(leaks['alive']) - {last})}"
+    )
+
+
 def test_alternating_resizes_leak_no_kv_storage(result: Any) -> None:
+    """Every KV allocation is tracked by weakref (any size, any dtype: the int8 backing
+    buffer itself): after the start, shrink, grow, resume and the cycles, only the
+    current cache's storages are alive."""
     eng = result["engine"]
     cycles = CYCLES[result["model_runner"]]
     assert [c["blocks_after"] for c in eng["cycles"]] == [B, C] * (cycles // 2)
-    leaks = eng["leaks"]
-    assert leaks["current"] and leaks["stale"] == []
-    assert set(leaks["current"]) <= set(leaks["alive_kv_sized"])
+    assert eng["leaks"]["current"]
+    _only_the_current_generation_alive(eng["leaks"], 4 + cycles)
+
+
+def test_failed_resizes_and_their_rollbacks_leak_no_kv_storage(result: Any) -> None:
+    """A fault after the allocating stage ran frees what it allocated; each rollback's
+    cache replaces the previous one."""
+    eng = result["engine"]
+    before = eng["leaks"]["allocations"]
+    after = eng["leaks_after_faults"]["allocations"]
+    assert after > before + len(eng["faults"])  # every rollback allocated, and one fault too
+    _only_the_current_generation_alive(eng["leaks_after_faults"], after)
 
 
 def test_bad_sizes_and_arguments_are_refused_before_anything_changes(result: Any) -> None:
@@ -512,7 +573,11 @@ def test_bad_sizes_and_arguments_are_refused_before_anything_changes(result: Any
 
 def test_a_fault_at_any_kv_stage_rolls_back_to_the_previous_size(result: Any) -> None:
     faults = result["engine"]["faults"]
-    assert len(faults) >= 2 * 15
+    stages = result["engine"]["kv_stages"]
+    assert len(stages) >= 15
+    assert [(f["stage"], f["after"]) for f in faults] == [
+        (s, after) for s in stages for after in (False, True)
+    ]
     for f in faults:
         err = f["error"]
         assert err is not None, f
@@ -521,6 +586,17 @@ def test_a_fault_at_any_kv_stage_rolls_back_to_the_previous_size(result: Any) ->
         assert err["step"] == "kv_phase"
         assert f["blocks"] == C
     assert _same(result["fresh_C"]["outputs"], result["engine"]["after_faults"]["outputs"]) == []
+
+
+def test_each_rollback_leaves_the_runner_as_before_the_failed_resize(result: Any) -> None:
+    """After every single rollback (a fault at each KV stage, before and after it ran) the
+    runner snapshot equals the one taken before the failed resize: the culprit is named."""
+    left = {
+        f"{f['stage']} (fault {'after' if f['after'] else 'before'} it ran)": f["runner_diff"]
+        for f in result["engine"]["faults"]
+        if f["runner_diff"]
+    }
+    assert left == {}
 
 
 def test_a_failed_rollback_leaves_the_engine_released_until_resumed(result: Any) -> None:
