@@ -91,10 +91,40 @@ def test_every_ranks_stage_lines_name_the_rank(reports: Any, case: str) -> None:
         assert f"initpipe rank {rank} kv_cache_config phase: " in log, case
 
 
+#: ``initpipe plan --json`` plans one pipeline stage per plan (every tensor-parallel rank of
+#: a stage allocates the same) and prints one object for one stage, a list for several:
+#: per case, the plan each rank must match (an index into that list).
+PLAN_OF_RANK = {"tp2": {"rank0": 0, "rank1": 0}, "pp2": {"rank0": 0, "rank1": 1}}
+
+
+def _views(views: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The KV views' shape, stride and dtype (what a plan states of each)."""
+    return [{k: v[k] for k in ("shape", "stride", "dtype")} for v in views]
+
+
+def _plans(out: Any, case: str) -> list[dict[str, Any]]:
+    """The plans of ``initpipe plan --json``'s output, checked against the case's layout."""
+    n_stages = len(set(PLAN_OF_RANK[case].values()))
+    if n_stages == 1:
+        assert isinstance(out, dict), f"{case}: one pipeline stage, one plan expected: {out!r:.200}"
+        plans = [out]
+    else:
+        assert isinstance(out, list) and len(out) == n_stages, (case, type(out), len(out))
+        plans = out
+    flags = CASES[case][1]
+    tp = int(flags[1]) if flags[0] == "--tensor-parallel-size" else 1
+    for stage, plan in enumerate(plans):
+        layout = (plan["pp_rank"], plan["pipeline_parallel_size"], plan["tensor_parallel_size"])
+        assert layout == (stage, n_stages, tp), (case, stage, layout)
+    return plans
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_initpipe_plan_of_each_rank_matches_its_real_allocation(reports: Any, case: str) -> None:
     """``initpipe plan --tensor-parallel-size / --pipeline-parallel-size``, planned on meta
-    in one process, gives each rank the KV views the real stock workers allocated."""
+    in one process, gives each rank the KV views the real stock workers allocated: the same
+    layers by name (in each KV cache group and bound in the forward context), each with
+    the view that rank bound, and the runner's list of views in order."""
     import json
     import os
     import subprocess
@@ -111,10 +141,16 @@ def test_initpipe_plan_of_each_rank_matches_its_real_allocation(reports: Any, ca
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
-    plans = out if isinstance(out, list) else [out, out]  # TP ranks allocate the same
-    for rank, plan in zip(RANKS, plans, strict=True):
-        keys = ("shape", "stride", "dtype")
-        real = [{k: v[k] for k in keys} for v in snap[rank]["runner_kv_caches"]]
-        planned = [{k: lp[k] for k in keys} for lp in plan["layers"]]
-        assert planned == real, rank
+    plans = _plans(json.loads(proc.stdout), case)
+    for rank in RANKS:
+        plan, real = plans[PLAN_OF_RANK[case][rank]], snap[rank]
+        groups = [g["layers"] for g in plan["groups"]]
+        real_groups = [g["layer_names"] for g in real["kv_cache_config"]["groups"]]
+        assert groups == real_groups, f"{rank}: planned groups {groups}, real {real_groups}"
+        planned = {lp["name"]: _views([lp])[0] for lp in plan["layers"]}
+        bound = {name: _views([lay["kv_cache"]])[0] for name, lay in real["layers"].items()}
+        assert sorted(planned) == sorted(bound), (
+            f"{rank}: planned layers {sorted(planned)}, allocated {sorted(bound)}"
+        )
+        assert planned == bound, rank
+        assert _views(plan["layers"]) == _views(real["runner_kv_caches"]), rank
