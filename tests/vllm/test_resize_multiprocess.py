@@ -170,16 +170,24 @@ def _fresh(folder: Path, extra: dict[str, Any]) -> dict[str, Any]:
     """The oracle: a fresh stock engine at B, multiprocess too (an in-process engine differs
     in the last float digits: its thread setup differs). Its engine core loads the worker
     opt-in plugin only (``VLLM_PLUGINS`` is read when that process starts), so a resize of
-    it shows the refusal a user gets without ``initpipe_resize``."""
+    it shows the refusal a user gets without ``initpipe_resize``. It is certainly stock: its
+    processes start with the opt-in (``INITPIPE_VLLM``) unset, and its runner is checked."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     import initpipe_vllm as ip
+    from initpipe_vllm.testing.stock import require_stock, runner_classes, stock_environment
 
     os.environ["VLLM_PLUGINS"] = "initpipe"
-    fresh = LLM(**_kwargs(folder, extra, B, pipelined=False))
+    with stock_environment():
+        fresh = LLM(**_kwargs(folder, extra, B, pipelined=False))
     del os.environ["VLLM_PLUGINS"]
-    rec = {"outputs": _outputs(fresh), "runner": fresh.collective_rpc(_snap)[0]}
+    require_stock(fresh)
+    rec = {
+        "outputs": _outputs(fresh),
+        "runner": fresh.collective_rpc(_snap)[0],
+        "runner_classes": runner_classes(fresh),
+    }
     params = SamplingParams(max_tokens=LONG, temperature=0.0, ignore_eos=True, detokenize=False)
     (alone,) = fresh.generate([TokensPrompt(prompt_token_ids=_prompt(1))], params, use_tqdm=False)
     rec["long_tokens"] = list(alone.outputs[0].token_ids)
@@ -375,6 +383,12 @@ def _same(a: Any, b: Any) -> list[str]:
     from initpipe_vllm.testing.snapshot import diff_snapshots
 
     return diff_snapshots(a, b)
+
+
+def test_the_oracle_is_stock_vllm(sync: Any) -> None:
+    """The fresh engine ran vLLM's own runner (the script refuses one that did not)."""
+    (cls, pipelined), *more = sync["fresh_B"]["runner_classes"]
+    assert not more and pipelined is False and cls.startswith("vllm."), cls
 
 
 def test_multiprocess_resize_waits_for_requests_then_equals_a_fresh_engine(sync: Any) -> None:
