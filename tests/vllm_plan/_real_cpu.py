@@ -18,6 +18,8 @@ def main() -> None:
     model_dir, kv_bytes = sys.argv[1], int(sys.argv[2])
     from vllm import LLM
 
+    from initpipe_vllm.testing.stock import require_stock, runner_classes
+
     llm = LLM(
         model=model_dir,
         load_format="dummy",
@@ -29,6 +31,8 @@ def main() -> None:
         seed=0,
         kv_cache_memory_bytes=kv_bytes,
     )
+    # the caller cleared INITPIPE_VLLM: the oracle must be vLLM's own runner
+    require_stock(llm, "the real CPU engine (the plan's oracle)")
     core = llm.llm_engine.engine_core.engine_core
     runner = core.model_executor.driver_worker.worker.model_runner
     cfg = runner.kv_cache_config
@@ -42,6 +46,7 @@ def main() -> None:
         for t in runner.kv_caches
     ]
     out = {
+        "runners": runner_classes(llm),
         "num_blocks": cfg.num_blocks,
         "block_size": runner.cache_config.block_size,
         "layout": runner.cache_config.kv_cache_layout,

