@@ -71,6 +71,7 @@ SENTINEL = _Sentinel()
 
 @pytest.fixture(scope="module")
 def hybrid_rig():
+    """A loaded pipelined :data:`HYBRID` runner (its own config and forward context)."""
     return Rig(HYBRID)
 
 
