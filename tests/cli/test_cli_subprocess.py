@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from cli_support import MINI_CRITICAL, needs_dot
+from requires import missing
 from waiting import HANG_S
 
 MINI = "cli_toys.mini_vllm"
@@ -109,7 +110,7 @@ def test_diff_exit_codes(run_cli: Run, tmp_path: Path) -> None:
 def test_console_script_is_installed(cli_env: dict[str, str]) -> None:
     exe = shutil.which("initpipe", path=os.path.dirname(sys.executable))
     if exe is None:
-        pytest.skip("the initpipe console script is not installed (pip install -e .)")
+        missing("the initpipe console script is not installed (pip install -e .)")
     res = subprocess.run(
         [exe, "graph", "cli_toys.linear", "--check"],
         env=cli_env,

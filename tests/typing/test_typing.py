@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
+from requires import module
 
-api = pytest.importorskip("mypy.api", reason="mypy comes with the dev extra")
+api = module("mypy.api", "mypy comes with the dev extra")
 
 HERE = Path(__file__).resolve().parent
 

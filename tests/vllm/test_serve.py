@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from requires import module
 from waiting import HANG_S, until_async
 
 B, C = 12, 40
@@ -49,7 +50,7 @@ FAULT_STAGES = {"v1": "allocated_kv_caches", "v2": "kv_caches_by_layer"}
 LONG = {"v1": 450, "v2": 40}
 PROMPT = 50  # their prompts' tokens
 
-httpx = pytest.importorskip("httpx")
+httpx = module("httpx", "vLLM's OpenAI server brings it")
 
 
 # -- the servers --------------------------------------------------------------------------

@@ -9,8 +9,9 @@ from argparse import Namespace
 from typing import Any
 
 import pytest
+from requires import module
 
-pytest.importorskip("httpx")
+module("httpx", "vLLM's OpenAI server brings it")
 
 from starlette.applications import Starlette
 from starlette.requests import Request

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from requires import installed
+from requires import installed, missing
 from waiting import HANG_S
 
 from initpipe_vllm import catalog
@@ -224,7 +224,7 @@ def test_flash_attn_plan_uses_cuda_block_size_and_default_layout(runs: dict[str,
 def test_specs_and_aliases_follow_the_planned_backend(runs: dict[str, Any]) -> None:
     """Sliding-window specs are computed for the planned backend; KV-sharing layers alias."""
     if "gemma4_FLASH_ATTN" not in runs["cases"]:
-        pytest.skip("the catalog's tiny-gemma4-kvshare model is not present")
+        missing("the catalog's tiny-gemma4-kvshare model is not present (stages/models/)")
     fa, cpu = _ok(runs, "gemma4_FLASH_ATTN"), _ok(runs, "gemma4_CPU_ATTN")
     sw = {
         p["backend"]: next(g for g in p["groups"] if g["spec"] == "SlidingWindowSpec")
