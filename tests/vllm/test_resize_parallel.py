@@ -77,10 +77,13 @@ def _state(llm: Any) -> dict[str, Any]:
 
 
 def _engine(folder: Path, extra: dict[str, Any], blocks: int, pipelined: bool) -> Any:
+    """The engine under test (``pipelined``) or an oracle: one started with the opt-in
+    (``INITPIPE_VLLM``) unset in its processes, and refused unless every rank is stock."""
     from vllm import LLM
 
     from initpipe_vllm.hook import PIPELINED_WORKER
     from initpipe_vllm.testing.equivalence import parallel_engine_kwargs, workload_engine_kwargs
+    from initpipe_vllm.testing.stock import require_stock, stock_environment
 
     kwargs, _ = workload_engine_kwargs(
         folder, num_gpu_blocks_override=blocks, **parallel_engine_kwargs(TP), **extra
@@ -89,7 +92,12 @@ def _engine(folder: Path, extra: dict[str, Any], blocks: int, pipelined: bool) -
         kwargs["worker_cls"] = PIPELINED_WORKER
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1":
         kwargs["gpu_memory_utilization"] = 0.3  # vLLM then checks the free memory
-    return LLM(**kwargs)
+    if pipelined:
+        return LLM(**kwargs)
+    with stock_environment():
+        llm = LLM(**kwargs)
+    require_stock(llm)
+    return llm
 
 
 def main(out: str, weights_dir: str) -> None:
@@ -98,6 +106,7 @@ def main(out: str, weights_dir: str) -> None:
     import initpipe_vllm as ip
     from initpipe_vllm.hook.parallel import default_cpu_thread_binding
     from initpipe_vllm.testing.equivalence import loadable_model
+    from initpipe_vllm.testing.stock import runner_classes
 
     rec: dict[str, Any] = {"model_runner": _runner_version()}
     own = OWN_PROCESS[rec["model_runner"]]
@@ -108,7 +117,7 @@ def main(out: str, weights_dir: str) -> None:
     with loadable_model(MODEL, weights_dir=weights_dir) as (folder, extra):
         for blocks in (B, A):
             fresh = _engine(folder, extra, blocks, pipelined=False)
-            rec[f"fresh_{blocks}"] = _state(fresh)
+            rec[f"fresh_{blocks}"] = {**_state(fresh), "runner_classes": runner_classes(fresh)}
             fresh.llm_engine.engine_core.shutdown()
             del fresh
 
@@ -161,6 +170,16 @@ def _equals_fresh(rec: Any, state: dict[str, Any], blocks: int = B) -> None:
     for rank in range(TP):
         assert _same(fresh["ranks"][rank], state["ranks"][rank]) == [], f"rank {rank}"
     assert _same(fresh["scheduler"], state["scheduler"]) == []
+
+
+def test_the_oracles_are_stock_vllm_on_every_rank(rec: Any) -> None:
+    """Both fresh engines ran vLLM's own runner on each rank (the script refuses one that
+    did not)."""
+    for blocks in (B, A):
+        classes = rec[f"fresh_{blocks}"]["runner_classes"]
+        assert len(classes) == TP, blocks
+        for cls, pipelined in classes:
+            assert pipelined is False and cls.startswith("vllm."), (blocks, cls)
 
 
 def test_every_rank_resizes_to_a_fresh_engine_of_the_new_size(rec: Any) -> None:
