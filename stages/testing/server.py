@@ -40,6 +40,7 @@ __all__ = [
     "cli_args",
     "free_port",
     "health",
+    "reserve_port",
     "running_servers",
     "server_command",
 ]
@@ -124,7 +125,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _reserve_port() -> socket.socket:
+def reserve_port() -> socket.socket:
     """A free port on ``127.0.0.1``, held by a bound, never listening ``SO_REUSEADDR``
     socket: no other request for a free port gets it; a server that sets
     ``SO_REUSEADDR`` can still bind it and listen."""
@@ -146,7 +147,7 @@ def _port_taken(server: Server) -> bool:
 
 
 def _start(spec: ServerSpec, log_dir: Path) -> Server:
-    reservation = _reserve_port()
+    reservation = reserve_port()
     port = int(reservation.getsockname()[1])
     env = dict(os.environ)
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # a server runs its engine core apart

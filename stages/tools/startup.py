@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -313,10 +314,18 @@ def _llm_kwargs(args: Any, rx: Receiver, model: Path, extra: dict[str, Any]) -> 
 class _Started:
     """A started process tree: the process, when it became ready, and its log."""
 
-    def __init__(self, proc: subprocess.Popen[str], log: Path, url: str | None) -> None:
+    def __init__(
+        self,
+        proc: subprocess.Popen[str],
+        log: Path,
+        url: str | None,
+        reservation: socket.socket | None = None,
+    ) -> None:
         self.proc = proc
         self.log = log
         self.url = url
+        #: Holds the server's port until it answers (see testing.server.reserve_port).
+        self.reservation = reservation
         self.ready_s: float | None = None
         self.failed: str | None = None
         self.first_token: tuple[float, float] | None = None
@@ -338,6 +347,7 @@ class _Started:
                 self.failed = "the engine failed to start"
         if self.url is not None and self.ready_s is None and health(self.url):
             self.ready_s = time.time()
+            self._release()
         if self.ready_s is None and self.failed is None and self.proc.poll() is not None:
             self.failed = f"the process exited with status {self.proc.returncode}"
 
@@ -347,7 +357,13 @@ class _Started:
         except OSError:
             return ""
 
+    def _release(self) -> None:
+        if self.reservation is not None:
+            self.reservation.close()
+            self.reservation = None
+
     def stop(self) -> None:
+        self._release()
         with contextlib.suppress(OSError):
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
@@ -388,26 +404,34 @@ def _launch(args: Any, rx: Receiver, work: Path, model: Path, extra: dict[str, A
     kwargs = _llm_kwargs(args, rx, model, extra)
     log = work / "vllm.log"
     if args.serve:
-        from ..testing.server import free_port, server_command
+        from ..testing.server import reserve_port, server_command
 
-        port = free_port()
+        # held until the server answers: no other request for a free port gets it
+        held = reserve_port()
+        reservation: socket.socket | None = held
+        port = int(held.getsockname()[1])
         cmd = server_command(kwargs, port)
         url: str | None = f"http://127.0.0.1:{port}"
     else:
         options = {"llm": kwargs, "first_token": args.first_token}
         cmd = [sys.executable, str(CHILD), json.dumps(options)]
-        url = None
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.PIPE,
-            stdout=out if args.serve else subprocess.PIPE,
-            stderr=out,
-            env=env,
-            text=True,
-            start_new_session=True,  # its whole tree is stopped at the end
-        )
-    return _Started(proc, log, url)
+        url = reservation = None
+    try:
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=out if args.serve else subprocess.PIPE,
+                stderr=out,
+                env=env,
+                text=True,
+                start_new_session=True,  # its whole tree is stopped at the end
+            )
+    except BaseException:
+        if reservation is not None:
+            reservation.close()
+        raise
+    return _Started(proc, log, url, reservation)
 
 
 def _progress(rx: Receiver, folder: Path, t0: float, seen: dict[str, Any]) -> None:

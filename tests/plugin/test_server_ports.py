@@ -78,7 +78,7 @@ def occupy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[int], list[int
     """``occupy(n)``: the launcher's next ``n`` reserved ports are taken at once by another
     listener (as a server that chose the same number earlier would); returns the list of
     the ports taken, filled as it happens."""
-    real = launcher._reserve_port
+    real = launcher.reserve_port
     sockets: list[socket.socket] = []
     taken: list[int] = []
     left = [0]
@@ -100,7 +100,7 @@ def occupy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[int], list[int
         left[0] = n
         return taken
 
-    monkeypatch.setattr(launcher, "_reserve_port", reserve)
+    monkeypatch.setattr(launcher, "reserve_port", reserve)
     yield occupy_next
     for s in sockets:
         with contextlib.suppress(OSError):
