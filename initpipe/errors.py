@@ -387,7 +387,8 @@ class StageError(InitpipeError, RuntimeError):
         qualname: ``module:qualname`` of its function.
         phase: ``model`` or ``kv_cache_config``.
         completed: stages that had completed in this phase before it failed, in order.
-        rolled_back: stages whose teardown ran during rollback, in order.
+        rolled_back: every stage undone during rollback, newest first (its outputs dropped,
+            its teardown run where it has one).
         teardown_error: a TeardownError if rollback itself failed, else None.
     """
 
