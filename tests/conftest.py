@@ -39,6 +39,7 @@ SLOW_FIRST = (
     "tests/startup/test_startup_engines.py",  # 110 s (four starts: in-process x2, TP=2, serve)
     "tests/vllm/test_stage_spans.py",  # 50 s (two traced engines)
     "tests/vllm/test_mrv2_engineless.py",  # 80 s
+    "tests/vllm/test_equivalence_negative.py",  # 60 s (four tiny-llama engines, one process)
     "tests/vllm/test_kv_phase.py",  # 59 s
     "tests/plugin/test_pytest_plugin.py",  # 52 s
     "tests/hook/test_plugin.py",  # 46 s

@@ -97,19 +97,35 @@ def reset_process_globals(
     return replaced
 
 
+def _source_file(module: str) -> Path | None:
+    """The ``.py`` file of ``module``, found from its top-level package's folder without
+    importing the packages in between (vLLM's import them heavily)."""
+    top, *inner = module.split(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or spec.origin is None:
+        return None
+    if not inner:
+        return Path(spec.origin)
+    base = Path(spec.origin).parent.joinpath(*inner)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
 def declared_value_problems(known: tuple[ProcessGlobal, ...] = KNOWN_PROCESS_GLOBALS) -> list[str]:
     """Where :data:`KNOWN_PROCESS_GLOBALS` disagrees with vLLM's source, as lines.
 
-    Reads each module's source (it is not imported) for the top-level assignment of the
+    Reads each module's source (nothing is imported) for the top-level assignment of the
     attribute and compares its literal value with ``import_value``.
     """
     problems = []
     for g in known:
-        spec = importlib.util.find_spec(g.module)
-        if spec is None or spec.origin is None:
+        source = _source_file(g.module)
+        if source is None:
             problems.append(f"{g.path}: module not found")
             continue
-        tree = ast.parse(Path(spec.origin).read_text(), spec.origin)
+        tree = ast.parse(source.read_text(), str(source))
         values = [
             node.value
             for node in tree.body

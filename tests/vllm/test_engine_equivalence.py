@@ -156,23 +156,26 @@ def test_pipelined_worker_in_multiprocess_mode(tmp_path, harness, monkeypatch) -
 
 def test_the_known_process_globals_reset_to_what_vllm_assigns_at_import() -> None:
     """The harness resets these before each engine (stock's must not leak into the
-    pipelined side); the declared values are the ones vLLM's modules assign."""
+    pipelined side); the declared values are the ones vLLM's modules assign (read from
+    the source, nothing imported), and a reset puts a module's value back."""
     from initpipe_vllm.testing.process_globals import (
         KNOWN_PROCESS_GLOBALS,
+        ProcessGlobal,
         declared_value_problems,
         reset_process_globals,
     )
 
     assert declared_value_problems() == []
-    paths = {g.path for g in KNOWN_PROCESS_GLOBALS}
-    assert "vllm.model_executor.layers.mamba.ops.ssu_dispatch:_mamba_ssu_backend" in paths
-    from vllm.model_executor.layers.mamba.ops import ssu_dispatch
+    ssu = "vllm.model_executor.layers.mamba.ops.ssu_dispatch"
+    assert {g.path for g in KNOWN_PROCESS_GLOBALS} >= {f"{ssu}:_mamba_ssu_backend"}
+    wrong = ProcessGlobal(module=ssu, name="_mamba_ssu_backend", import_value=0)
+    assert declared_value_problems((wrong,)) == [
+        f"{ssu}:_mamba_ssu_backend: vLLM assigns None, declared 0"
+    ]
+    here = ProcessGlobal(module=__name__, name="_SET_BY_AN_ENGINE", import_value=None)
+    globals()["_SET_BY_AN_ENGINE"] = sentinel = object()
+    assert reset_process_globals((here,)) == {here.path: sentinel}
+    assert globals()["_SET_BY_AN_ENGINE"] is None
 
-    saved = ssu_dispatch._mamba_ssu_backend
-    ssu_dispatch._mamba_ssu_backend = sentinel = object()
-    try:
-        replaced = reset_process_globals()
-        assert replaced[f"{ssu_dispatch.__name__}:_mamba_ssu_backend"] is sentinel
-        assert ssu_dispatch._mamba_ssu_backend is None
-    finally:
-        ssu_dispatch._mamba_ssu_backend = saved
+
+_SET_BY_AN_ENGINE: object = None

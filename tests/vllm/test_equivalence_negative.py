@@ -18,8 +18,10 @@ compare equal; the reports must name vLLM's own runner on the stock side.
 One subprocess runs both command lines in turn (an in-process engine mutates its process,
 and one vLLM import is the cheaper half): the ``python -m`` one through :mod:`runpy` as
 ``__main__``, ``initpipe run`` through :func:`initpipe.cli.main`, the function behind the
-console script; each exit status is what the process would have exited with. Run as a
-script (``python test_equivalence_negative.py OUT.json WEIGHTS_DIR``) this file is that
+console script; each exit status is what the process would have exited with. The same
+subprocess also describes one vLLM error raised by vLLM and, with the same words, from
+elsewhere: "failing the same way" (stock refuses a config, the pipelined engine must too)
+compares where it was raised, not only the words. Run as a script (``python test_equivalence_negative.py OUT.json WEIGHTS_DIR``) this file is that
 subprocess.
 """
 
@@ -98,6 +100,7 @@ def main(json_out: str, weights_dir: str) -> None:
     os.environ["INITPIPE_EXTENSIONS"] = "swap_kv_bindings"
     run_argv = ["run", "--compare-stock", "--weights-dir", weights_dir]
     found["run"] = _captured(lambda: initpipe_main(run_argv))
+    found["failures"] = _failure_cases()
     Path(json_out).write_text(json.dumps(found, default=repr))
 
 
@@ -186,21 +189,35 @@ def _no_kv_memory(where: str) -> BaseException:
         return err
 
 
-def test_the_same_error_raised_in_another_place_is_a_difference() -> None:
-    """Stock's words are not enough: where the error was raised is compared too."""
+def _failure_cases() -> dict[str, Any]:
+    """vLLM's error raised by vLLM, again by vLLM, and with its words from elsewhere:
+    each described, and the differences of the last two from the first (in the
+    subprocess, where vLLM is imported anyway)."""
     from initpipe_vllm.testing.failures import describe_failure, failure_differences
 
     stock = describe_failure(_no_kv_memory("vllm"))
     again = describe_failure(_no_kv_memory("vllm"))
     elsewhere = describe_failure(_no_kv_memory("here"))
+    return {
+        "stock": stock,
+        "elsewhere": elsewhere,
+        "diffs_again": failure_differences(stock, again),
+        "diffs_elsewhere": failure_differences(stock, elsewhere),
+    }
+
+
+def test_the_same_error_raised_in_another_place_is_a_difference(found) -> None:
+    """Stock's words are not enough: where the error was raised is compared too."""
+    cases = found["failures"]
+    stock, elsewhere = cases["stock"], cases["elsewhere"]
     assert stock["error"] == elsewhere["error"]
     assert stock["error"].startswith("ValueError: No available memory for the cache blocks")
     where = "vllm.v1.core.kv_cache_utils:_check_enough_kv_cache_memory"
     assert stock["raised_in"] == stock["vllm_frame"] == where
-    assert failure_differences(stock, again) == []
-    assert failure_differences(stock, elsewhere) == [
+    assert cases["diffs_again"] == []
+    assert cases["diffs_elsewhere"] == [
         f"/refused/where: stock raised_in={where}, vllm_frame={where}; pipelined "
-        f"raised_in={__name__}:_no_kv_memory, vllm_frame=None, stage=None"
+        "raised_in=__main__:_no_kv_memory, vllm_frame=None, stage=None"
     ]
 
 
