@@ -14,6 +14,10 @@ product path calls.
   --model DIR``);
 - :mod:`.stock` — ``stock_environment`` and ``require_stock``: an oracle engine that is
   certainly stock (the ``INITPIPE_VLLM`` opt-in unset, every rank's runner checked);
+- :mod:`.process_globals` — the module globals a runner's initialization sets in its
+  process, reset before each engine of a comparison (neither side inherits the other's);
+- :mod:`.failures` — two failed engines compared: the same error, raised in the same
+  place, the same state up to the failure;
 - :mod:`.weights` — ``seeded_model``: a tiny model folder with seeded real safetensors
   weights, so outputs depend on the KV cache;
 - :mod:`.pytest_plugin` — the ``pytest11`` plugin with fixtures for stage-level tests.
