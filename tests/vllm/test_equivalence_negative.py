@@ -21,8 +21,8 @@ and one vLLM import is the cheaper half): the ``python -m`` one through :mod:`ru
 console script; each exit status is what the process would have exited with. The same
 subprocess also describes one vLLM error raised by vLLM and, with the same words, from
 elsewhere: "failing the same way" (stock refuses a config, the pipelined engine must too)
-compares where it was raised, not only the words. Run as a script (``python test_equivalence_negative.py OUT.json WEIGHTS_DIR``) this file is that
-subprocess.
+compares where it was raised, not only the words. Run as a script
+(``python test_equivalence_negative.py OUT.json WEIGHTS_DIR``) this file is that subprocess.
 """
 
 from __future__ import annotations
