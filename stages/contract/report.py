@@ -1,9 +1,11 @@
 """The verdict: a vLLM compared with the locks, per declared name and per capability.
 
 What belongs here: :func:`compare` (what ``initpipe doctor`` prints: every declared name's
-status against the best-matching lock, with where a missing one went) and :func:`verdict`
+status against the best-matching lock, with where a missing one went), :func:`verdict`
 (what the worker and resize gates ask at start-up: is this capability's code identical to
-one locked release — byte digests of the files first, parsing only the files that differ).
+one locked release — byte digests of the files first, parsing only the files that differ)
+and :func:`installed_release` (which release that is: what picks a release's variants,
+never a version string compared).
 
 Statuses: ``identical`` (same digest as the lock), ``changed`` (found, different digest),
 ``moved`` (gone from its module, found in another with an equal or near-equal digest),
@@ -21,12 +23,22 @@ from typing import Any
 
 import attrs
 
+from ..errors import UnsupportedRunnerError
 from .declare import CAPABILITIES, Use, declarations
 from .fingerprint import Found, Index, similarity
-from .lock import Lock, locks, resolve_all, via
+from .lock import Lock, labels, locks, resolve_all, via
 from .source import Source, open_source
 
-__all__ = ["STATUSES", "Entry", "Report", "Verdict", "compare", "verdict"]
+__all__ = [
+    "STATUSES",
+    "Entry",
+    "Report",
+    "Verdict",
+    "compare",
+    "installed_release",
+    "refusal_fix",
+    "verdict",
+]
 
 STATUSES = ("identical", "changed", "moved", "ambiguous", "missing", "unknown")
 #: How near (:func:`similarity` of statement digests) a definition found elsewhere must be
@@ -265,6 +277,9 @@ class Verdict:
         checked: how many declared names were compared.
         differing: ``"status name"`` of each name that is not identical (empty when ok).
         seconds: how long the check took.
+        release: the release (``"0.32.0"``: the version of the lock matched) whose code
+            the installed vLLM's is identical to; None when not ok. Whatever the installed
+            version string says, this is the release whose variants run.
     """
 
     capability: str
@@ -275,6 +290,7 @@ class Verdict:
     checked: int
     differing: tuple[str, ...]
     seconds: float
+    release: str | None = None
 
     def describe(self) -> str:
         """One sentence for a log line or an error."""
@@ -351,4 +367,34 @@ def verdict(capability: str) -> Verdict:
         checked,
         tuple(differing),
         seconds,
+        release=None if differing else lock.version,
     )
+
+
+def refusal_fix() -> str:
+    """What to do about a vLLM no lock matches, for the end of a refusal."""
+    return (
+        f"Install a vLLM release initpipe has locked ({labels()}) or port initpipe to this "
+        "one (README: Porting to a new vLLM release)."
+    )
+
+
+def installed_release(capability: str) -> str:
+    """The release whose locked code the installed vLLM's is identical to for
+    ``capability`` (:attr:`Verdict.release`): what picks a release's catalog and
+    variants, decided by the fingerprints, never by the version string.
+
+    Raises:
+        UnsupportedRunnerError: no locked release matches (naming the vLLM functions that
+            differ and the fix), or the installed vLLM's source cannot be read.
+    """
+    try:
+        found = verdict(capability)
+    except Exception as err:  # an unreadable install: refused, with the cause
+        raise UnsupportedRunnerError(
+            f"initpipe could not read the installed vLLM's source to check its contract for "
+            f"{capability} ({type(err).__name__}: {err}). {refusal_fix()}"
+        ) from err
+    if found.release is None:
+        raise UnsupportedRunnerError(f"{found.describe()}. {refusal_fix()}")
+    return found.release
