@@ -190,12 +190,12 @@ class _Comparer:
 
 
 def _verdicts(
-    comparer: _Comparer, lock: Lock, caps: Sequence[str]
+    comparer: _Comparer, lock: Lock, caps: Sequence[str], scope: _Scope
 ) -> tuple[dict[str, str], dict[str, tuple[str, tuple[str, ...], str]]]:
-    statuses = {k: comparer.status(k, lock) for k in comparer.resolved}
+    statuses = {k: comparer.status(k, lock) for k in scope}
     verdicts = {}
     for cap in caps:
-        keys = [k for k, (_, group) in comparer.resolved.items() if _has(group, cap)]
+        keys = [k for k, (_, group) in scope.items() if _has(group, cap)]
         ok = all(statuses[k][0] == "identical" for k in keys)
         verdicts[cap] = "ok" if ok else "broken"
     return verdicts, statuses
@@ -205,34 +205,54 @@ def _has(group: list[Use], capability: str) -> bool:
     return any(capability in u.capabilities for u in group)
 
 
+#: The resolved names one lock is compared on: key -> (found, the declarations naming it).
+_Scope = Mapping[str, tuple[Found, list[Use]]]
+
+
+def _scope(resolved: _Scope, uses: Sequence[Use]) -> dict[str, tuple[Found, list[Use]]]:
+    """The part of ``resolved`` that ``uses`` (one release's declarations) declare."""
+    mine = set(uses)
+    out = {}
+    for k, (found, group) in resolved.items():
+        declared = [u for u in group if u in mine]
+        if declared:
+            out[k] = (found, declared)
+    return out
+
+
 def compare(
     source: Source | None = None,
     uses: Sequence[Use] | None = None,
     all_locks: Sequence[Lock] | None = None,
     index: Index | None = None,
 ) -> Report:
-    """Every declared name of ``uses`` (default: all declarations) in ``source`` (default:
-    the installed vLLM) against the locks (default: the shipped ones); ``index``: an
-    :class:`Index` of ``source`` to reuse."""
+    """Every declared name of ``uses`` (default: each lock's release's declarations) in
+    ``source`` (default: the installed vLLM) against the locks (default: the shipped
+    ones); ``index``: an :class:`Index` of ``source`` to reuse."""
     start = time.perf_counter()
     source = source if source is not None else open_source(None)
-    uses = declarations() if uses is None else uses
     candidates = _ordered(locks() if all_locks is None else all_locks, source)
+
+    def scope_uses(release: str | None) -> Sequence[Use]:
+        return declarations(release=release) if uses is None else uses
+
     index = index if index is not None else Index(source)
-    comparer = _Comparer(index, resolve_all(index, uses))
-    caps = [c for c in CAPABILITIES if any(c in u.capabilities for u in uses)]
+    comparer = _Comparer(index, resolve_all(index, scope_uses(None)))
+    caps = [c for c in CAPABILITIES if any(c in u.capabilities for u in scope_uses(None))]
     best: tuple[Any, ...] | None = None
     matched: dict[str, str] = {}  # capability -> the first lock it is identical to
     for lock in candidates:
-        verdicts, statuses = _verdicts(comparer, lock, caps)
+        scope = _scope(comparer.resolved, scope_uses(lock.version))
+        verdicts, statuses = _verdicts(comparer, lock, caps, scope)
         for cap, v in verdicts.items():
             if v == "ok":
                 matched.setdefault(cap, lock.label)
         score = (sum(v == "ok" for v in verdicts.values()), _identical(statuses))
         if best is None or score > best[0]:
-            best = (score, lock, statuses)
+            best = (score, lock, statuses, scope)
     entries = []
-    for k, (found, group) in comparer.resolved.items():
+    shown = comparer.resolved if best is None else best[3]
+    for k, (found, group) in shown.items():
         if best is None:
             status, moved, detail, label = "unknown", (), "no lock to compare with", None
         else:
