@@ -7,7 +7,8 @@ Layers, lowest first:
 - ``initpipe``: core (``initpipe``, ``initpipe._*``, ``errors``, ``files``, ``testing``)
   <- ``initpipe.view`` <- ``initpipe.cli``;
 - ``initpipe_vllm``: the catalog (the package, its stage modules, ``types``, ``errors``)
-  <- ``contract`` (what the catalog mirrors of vLLM, and the check) <- ``hook`` (with the
+  <- ``contract`` (what the catalog mirrors of vLLM, and the check; ``compat``, the vLLM
+  calls that move between releases bound once, sits beside it) <- ``hook`` (with the
   ``worker``/``runner`` re-exports) <- ``resize`` <- ``serve`` <- ``testing``
   (with the ``pytest_plugin`` re-export) <- ``tools``;
 - one exception, declared in :data:`FACADES`: the package ``initpipe_vllm`` re-exports the
@@ -118,7 +119,7 @@ def _layer(mod: str) -> tuple[int, int]:
             (r"initpipe_vllm\.serve\b", 4),
             (r"initpipe_vllm\.resize\b", 3),
             (r"initpipe_vllm\.(hook|worker|runner)\b", 2),
-            (r"initpipe_vllm\.contract\b", 1),
+            (r"initpipe_vllm\.(contract|compat)\b", 1),
             (r"initpipe_vllm\b", 0),
         ]
         return 1, next(n for pat, n in rules if re.match(pat, mod))

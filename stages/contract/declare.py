@@ -19,16 +19,26 @@ Names are ``module:qualname`` (``vllm.v1.worker.gpu_model_runner:GPUModelRunner.
 ``vllm.v1.worker.cpu_worker:CPUModelRunner`` for a module global). Each declaration belongs
 to one or more *capabilities* (:data:`CAPABILITIES`), which the doctor reports and the
 gates decide on. :func:`declarations` collects them: the stages from the catalogs' pipelines
-and the decorated functions from :data:`USE_MODULES` (imported by name, so this layer does
-not import the layers above it; none of them imports vLLM at import time).
+and the decorated functions from the modules that declare (:func:`use_modules`, found by
+reading the package's source, then imported by name, so this layer does not import the
+layers above it; none of them imports vLLM at import time).
+
+Declarations are scoped by vLLM release (:func:`releases`): a declaration applies to every
+release unless one release's own declaration replaces it — ``@vllm_uses(...,
+release="0.33.0", replaces=("initpipe_vllm.compat:plan_kv_cache_configs",))`` on that
+release's variant, or the release's catalog holding another variant of a stage. Each
+release's lock is built from its own declarations (``declarations(release=...)``).
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
+import inspect
 import re
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
 import attrs
@@ -37,11 +47,13 @@ __all__ = [
     "CAPABILITIES",
     "KINDS",
     "STAGE_CATALOGS",
-    "USE_MODULES",
+    "USE_MODULES",  # noqa: F822  (found on first access, by __getattr__)
     "Capability",
     "Kind",
     "Use",
     "declarations",
+    "releases",
+    "use_modules",
     "vllm_uses",
 ]
 
@@ -62,26 +74,65 @@ STAGE_CATALOGS: dict[Capability, tuple[str, ...]] = {
     "plan": ("initpipe_vllm.tools.plan:planning_pipeline",),
 }
 
-#: The modules holding functions decorated with :func:`vllm_uses`.
-USE_MODULES: tuple[str, ...] = (
-    "initpipe_vllm.hook.marks",
-    "initpipe_vllm.hook.plugin",
-    "initpipe_vllm.hook.worker",
-    "initpipe_vllm.hook.runner",
-    "initpipe_vllm.hook.runner_v2",
-    "initpipe_vllm.resize.api",
-    "initpipe_vllm.resize.engine",
-    "initpipe_vllm.resize.hold",
-    "initpipe_vllm.resize.rank",
-    "initpipe_vllm.resize.replay",
-    "initpipe_vllm.serve.routes",
-    "initpipe_vllm.tools.plan",
-    "initpipe_vllm.tools.startup_report",
-)
-
 _NAME = re.compile(r"^vllm(\.\w+)*:\w+(\.\w+)*$")
+_AFFECTS = re.compile(r"^\w+(\.\w+)*:\w+(\.\w+)*$")
 _ATTR = "__initpipe_vllm_uses__"
+_SCOPE = "__initpipe_vllm_release__"
+#: This package's import name, and the folder its source is read from.
+_PACKAGE = __name__.split(".")[0]
+_ROOT = Path(__file__).resolve().parents[1]
+#: The releases until the release modules' package (``initpipe_vllm.releases``) exists.
+_FIRST_RELEASES = ("0.32.0",)
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def releases() -> tuple[str, ...]:
+    """The vLLM releases initpipe has a module for: ``initpipe_vllm.releases.RELEASES``
+    (``("0.32.0",)`` while that package does not exist)."""
+    try:
+        module = importlib.import_module(f"{_PACKAGE}.releases")
+    except ModuleNotFoundError as err:
+        if err.name != f"{_PACKAGE}.releases":
+            raise
+        return _FIRST_RELEASES
+    return tuple(module.RELEASES)
+
+
+def _declares(tree: ast.Module) -> bool:
+    """Whether a module's source calls :func:`vllm_uses` (under any name it imports it as)."""
+    names = {"vllm_uses"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            names.update(a.asname for a in node.names if a.name == "vllm_uses" and a.asname)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+            if name in names:
+                return True
+    return False
+
+
+@functools.cache
+def use_modules() -> tuple[str, ...]:
+    """Every module of the package that declares with :func:`vllm_uses`, sorted: found by
+    reading the source (``ast``; nothing is imported), so none can be left out."""
+    found = []
+    for path in sorted(_ROOT.rglob("*.py")):
+        text = path.read_bytes()
+        if b"vllm_uses" not in text or path == Path(__file__).resolve():
+            continue
+        if _declares(ast.parse(text, str(path))):
+            parts = path.relative_to(_ROOT).with_suffix("").parts
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            found.append(".".join((_PACKAGE, *parts)))
+    return tuple(sorted(found))
+
+
+def __getattr__(name: str) -> Any:
+    if name == "USE_MODULES":  # the modules holding functions decorated with vllm_uses
+        return use_modules()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _names(value: Iterable[str]) -> tuple[str, ...]:
@@ -114,12 +165,18 @@ class Use:
         capabilities: the capabilities that depend on it.
         affects: the initpipe code that declares it: ``pipeline:stage`` for a stage,
             ``module:qualname`` for a decorated function.
+        release: the one release it applies to; None (a base declaration): every release
+            whose own declarations do not replace it.
+        replaces: the base declarations (their ``affects``) that this release's
+            declaration replaces in its release.
     """
 
     name: str
     kind: Kind = attrs.field(validator=attrs.validators.in_(KINDS))
     capabilities: tuple[Capability, ...]
     affects: str
+    release: str | None = None
+    replaces: tuple[str, ...] = ()
 
 
 def vllm_uses(
@@ -127,36 +184,64 @@ def vllm_uses(
     *,
     mirrors: Sequence[str] = (),
     calls: Sequence[str] = (),
+    release: str | None = None,
+    replaces: Sequence[str] = (),
 ) -> Callable[[F], F]:
     """Declare what vLLM code the decorated function mirrors and calls.
 
     Returns the function unchanged (the declaration rides on an attribute), so it costs
-    nothing when the function runs. The function's module must be in :data:`USE_MODULES`.
+    nothing when the function runs. Its module is found by :func:`use_modules`.
 
     Args:
         capability: the capability (or capabilities) that depend on the function.
         mirrors: vLLM names whose code the function replaces, replays or patches.
         calls: vLLM names it calls or reads.
+        release: the one vLLM release this declaration applies to (a release's variant);
+            None: every release (unless one replaces it).
+        replaces: with ``release``: the base declarations (``module:qualname`` of the
+            initpipe functions) this variant stands in for in its release.
 
     Raises:
         ValueError: a name that is not ``module:qualname`` of a vLLM module, an unknown
-            capability, or nothing declared.
+            capability, nothing declared, or ``replaces`` without a ``release``.
     """
     caps = _capabilities(capability)
     declared = {"mirrors": _names(mirrors), "calls": _names(calls)}
     if not any(declared.values()):
         raise ValueError("vllm_uses: declare at least one name in mirrors= or calls=.")
+    replaced = tuple(replaces)
+    if replaced and release is None:
+        raise ValueError(
+            f"vllm_uses: replaces={replaced!r} needs release=: only one release's variant "
+            "replaces a base declaration."
+        )
+    bad = [r for r in replaced if not isinstance(r, str) or not _AFFECTS.match(r)]
+    if bad:
+        raise ValueError(
+            f"vllm_uses: replaces={bad!r}: name the replaced initpipe function as "
+            "'module:qualname', e.g. 'initpipe_vllm.compat:plan_kv_cache_configs'."
+        )
 
     def mark(func: F) -> F:
         setattr(func, _ATTR, (caps, declared))
+        setattr(func, _SCOPE, (release, replaced))
         return func
 
     return mark
 
 
-def _stage_uses(capability: Capability, factory: str) -> list[Use]:
+def _pipeline(factory: str, release: str) -> Any:
+    """The pipeline ``module:factory`` returns for ``release``: a factory taking
+    ``release=`` is asked for a known release's catalog, any other is called without."""
     module, _, attr = factory.partition(":")
-    pipeline = getattr(importlib.import_module(module), attr)()
+    make = getattr(importlib.import_module(module), attr)
+    if release in releases() and "release" in inspect.signature(make).parameters:
+        return make(release=release)
+    return make()
+
+
+def _stage_uses(capability: Capability, factory: str, release: str) -> list[Use]:
+    pipeline = _pipeline(factory, release)
     out = []
     for name, spec in pipeline.specs.items():
         for kind in KINDS:
@@ -165,15 +250,19 @@ def _stage_uses(capability: Capability, factory: str) -> list[Use]:
     return out
 
 
+def _uses_of(func: Any) -> list[Use]:
+    """The declarations :func:`vllm_uses` put on ``func``."""
+    caps, declared = getattr(func, _ATTR)
+    release, replaces = getattr(func, _SCOPE, (None, ()))
+    where = f"{func.__module__}:{func.__qualname__}"
+    return [
+        Use(name, kind, caps, where, release, replaces) for kind in KINDS for name in declared[kind]
+    ]
+
+
 def _decorated_uses(module_name: str) -> list[Use]:
     module = importlib.import_module(module_name)
-    out: list[Use] = []
-    for obj in _functions(module):
-        caps, declared = getattr(obj, _ATTR)
-        where = f"{obj.__module__}:{obj.__qualname__}"
-        for kind in KINDS:
-            out.extend(Use(name, kind, caps, where) for name in declared[kind])
-    return out
+    return [use for func in _functions(module) for use in _uses_of(func)]
 
 
 def _functions(module: Any) -> list[Any]:
@@ -187,17 +276,59 @@ def _functions(module: Any) -> list[Any]:
     return found
 
 
-@functools.cache
-def declarations(capability: Capability | None = None) -> tuple[Use, ...]:
-    """Every declaration (of one capability, or of all), sorted by name, kind, affects.
+def _scoped(uses: Sequence[Use], release: str) -> list[Use]:
+    """``uses`` as they apply to ``release``: its own declarations and every base one
+    they do not replace.
 
-    Imports the catalogs and :data:`USE_MODULES` (none imports vLLM at import time).
+    Raises:
+        ValueError: a declaration for a release initpipe has no module for, or one
+            replacing a base declaration that does not exist.
+    """
+    known = releases()
+    unknown = sorted(
+        {
+            f"{u.affects} (release={u.release!r})"
+            for u in uses
+            if u.release and u.release not in known
+        }
+    )
+    if unknown:
+        raise ValueError(
+            f"declared for a release initpipe does not know ({', '.join(unknown)}): use one "
+            f"of {known} or add the release's module to initpipe_vllm.releases."
+        )
+    own = [u for u in uses if u.release == release]
+    replaced = {r: u.affects for u in own for r in u.replaces}
+    base = {u.affects for u in uses if u.release is None}
+    dangling = sorted(f"{r} (replaced by {by})" for r, by in replaced.items() if r not in base)
+    if dangling:
+        raise ValueError(
+            f"release {release}: replaces= names no base declaration: {', '.join(dangling)}; "
+            "name the replaced function as its module:qualname."
+        )
+    return [
+        u for u in uses if u.release == release or (u.release is None and u.affects not in replaced)
+    ]
+
+
+@functools.cache
+def declarations(
+    capability: Capability | None = None, *, release: str | None = None
+) -> tuple[Use, ...]:
+    """Every declaration (of one capability, or of all), sorted by name, kind, affects:
+    those of ``release`` (its own and the base ones it does not replace; the lock of a
+    release is built from these), or, for None, those of every release together.
+
+    Imports the catalogs and :func:`use_modules` (none imports vLLM at import time).
     """
     caps = CAPABILITIES if capability is None else _capabilities(capability)
-    uses: list[Use] = []
-    for cap in caps:
-        for factory in STAGE_CATALOGS.get(cap, ()):
-            uses.extend(_stage_uses(cap, factory))
-    for module_name in USE_MODULES:
-        uses.extend(u for u in _decorated_uses(module_name) if set(u.capabilities) & set(caps))
-    return tuple(sorted(set(uses), key=lambda u: (u.name, u.kind, u.affects)))
+    found: set[Use] = set()
+    for scope in releases() if release is None else (release,):
+        uses: list[Use] = []
+        for cap in caps:
+            for factory in STAGE_CATALOGS.get(cap, ()):
+                uses.extend(_stage_uses(cap, factory, scope))
+        for module_name in use_modules():
+            uses.extend(u for u in _decorated_uses(module_name) if set(u.capabilities) & set(caps))
+        found.update(_scoped(uses, scope))
+    return tuple(sorted(found, key=lambda u: (u.name, u.kind, u.affects, u.release or "")))

@@ -1,9 +1,11 @@
 """The verdict: a vLLM compared with the locks, per declared name and per capability.
 
 What belongs here: :func:`compare` (what ``initpipe doctor`` prints: every declared name's
-status against the best-matching lock, with where a missing one went) and :func:`verdict`
+status against the best-matching lock, with where a missing one went), :func:`verdict`
 (what the worker and resize gates ask at start-up: is this capability's code identical to
-one locked release — byte digests of the files first, parsing only the files that differ).
+one locked release — byte digests of the files first, parsing only the files that differ)
+and :func:`installed_release` (which release that is: what picks a release's variants,
+never a version string compared).
 
 Statuses: ``identical`` (same digest as the lock), ``changed`` (found, different digest),
 ``moved`` (gone from its module, found in another with an equal or near-equal digest),
@@ -21,12 +23,22 @@ from typing import Any
 
 import attrs
 
+from ..errors import UnsupportedRunnerError
 from .declare import CAPABILITIES, Use, declarations
 from .fingerprint import Found, Index, similarity
-from .lock import Lock, locks, resolve_all, via
+from .lock import Lock, labels, locks, resolve_all, via
 from .source import Source, open_source
 
-__all__ = ["STATUSES", "Entry", "Report", "Verdict", "compare", "verdict"]
+__all__ = [
+    "STATUSES",
+    "Entry",
+    "Report",
+    "Verdict",
+    "compare",
+    "installed_release",
+    "refusal_fix",
+    "verdict",
+]
 
 STATUSES = ("identical", "changed", "moved", "ambiguous", "missing", "unknown")
 #: How near (:func:`similarity` of statement digests) a definition found elsewhere must be
@@ -178,12 +190,12 @@ class _Comparer:
 
 
 def _verdicts(
-    comparer: _Comparer, lock: Lock, caps: Sequence[str]
+    comparer: _Comparer, lock: Lock, caps: Sequence[str], scope: _Scope
 ) -> tuple[dict[str, str], dict[str, tuple[str, tuple[str, ...], str]]]:
-    statuses = {k: comparer.status(k, lock) for k in comparer.resolved}
+    statuses = {k: comparer.status(k, lock) for k in scope}
     verdicts = {}
     for cap in caps:
-        keys = [k for k, (_, group) in comparer.resolved.items() if _has(group, cap)]
+        keys = [k for k, (_, group) in scope.items() if _has(group, cap)]
         ok = all(statuses[k][0] == "identical" for k in keys)
         verdicts[cap] = "ok" if ok else "broken"
     return verdicts, statuses
@@ -193,34 +205,54 @@ def _has(group: list[Use], capability: str) -> bool:
     return any(capability in u.capabilities for u in group)
 
 
+#: The resolved names one lock is compared on: key -> (found, the declarations naming it).
+_Scope = Mapping[str, tuple[Found, list[Use]]]
+
+
+def _scope(resolved: _Scope, uses: Sequence[Use]) -> dict[str, tuple[Found, list[Use]]]:
+    """The part of ``resolved`` that ``uses`` (one release's declarations) declare."""
+    mine = set(uses)
+    out = {}
+    for k, (found, group) in resolved.items():
+        declared = [u for u in group if u in mine]
+        if declared:
+            out[k] = (found, declared)
+    return out
+
+
 def compare(
     source: Source | None = None,
     uses: Sequence[Use] | None = None,
     all_locks: Sequence[Lock] | None = None,
     index: Index | None = None,
 ) -> Report:
-    """Every declared name of ``uses`` (default: all declarations) in ``source`` (default:
-    the installed vLLM) against the locks (default: the shipped ones); ``index``: an
-    :class:`Index` of ``source`` to reuse."""
+    """Every declared name of ``uses`` (default: each lock's release's declarations) in
+    ``source`` (default: the installed vLLM) against the locks (default: the shipped
+    ones); ``index``: an :class:`Index` of ``source`` to reuse."""
     start = time.perf_counter()
     source = source if source is not None else open_source(None)
-    uses = declarations() if uses is None else uses
     candidates = _ordered(locks() if all_locks is None else all_locks, source)
+
+    def scope_uses(release: str | None) -> Sequence[Use]:
+        return declarations(release=release) if uses is None else uses
+
     index = index if index is not None else Index(source)
-    comparer = _Comparer(index, resolve_all(index, uses))
-    caps = [c for c in CAPABILITIES if any(c in u.capabilities for u in uses)]
+    comparer = _Comparer(index, resolve_all(index, scope_uses(None)))
+    caps = [c for c in CAPABILITIES if any(c in u.capabilities for u in scope_uses(None))]
     best: tuple[Any, ...] | None = None
     matched: dict[str, str] = {}  # capability -> the first lock it is identical to
     for lock in candidates:
-        verdicts, statuses = _verdicts(comparer, lock, caps)
+        scope = _scope(comparer.resolved, scope_uses(lock.version))
+        verdicts, statuses = _verdicts(comparer, lock, caps, scope)
         for cap, v in verdicts.items():
             if v == "ok":
                 matched.setdefault(cap, lock.label)
         score = (sum(v == "ok" for v in verdicts.values()), _identical(statuses))
         if best is None or score > best[0]:
-            best = (score, lock, statuses)
+            best = (score, lock, statuses, scope)
     entries = []
-    for k, (found, group) in comparer.resolved.items():
+    shown = comparer.resolved if best is None else best[3]
+    for k, (found, group) in shown.items():
         if best is None:
             status, moved, detail, label = "unknown", (), "no lock to compare with", None
         else:
@@ -265,6 +297,9 @@ class Verdict:
         checked: how many declared names were compared.
         differing: ``"status name"`` of each name that is not identical (empty when ok).
         seconds: how long the check took.
+        release: the release (``"0.32.0"``: the version of the lock matched) whose code
+            the installed vLLM's is identical to; None when not ok. Whatever the installed
+            version string says, this is the release whose variants run.
     """
 
     capability: str
@@ -275,6 +310,7 @@ class Verdict:
     checked: int
     differing: tuple[str, ...]
     seconds: float
+    release: str | None = None
 
     def describe(self) -> str:
         """One sentence for a log line or an error."""
@@ -351,4 +387,34 @@ def verdict(capability: str) -> Verdict:
         checked,
         tuple(differing),
         seconds,
+        release=None if differing else lock.version,
     )
+
+
+def refusal_fix() -> str:
+    """What to do about a vLLM no lock matches, for the end of a refusal."""
+    return (
+        f"Install a vLLM release initpipe has locked ({labels()}) or port initpipe to this "
+        "one (README: Porting to a new vLLM release)."
+    )
+
+
+def installed_release(capability: str) -> str:
+    """The release whose locked code the installed vLLM's is identical to for
+    ``capability`` (:attr:`Verdict.release`): what picks a release's catalog and
+    variants, decided by the fingerprints, never by the version string.
+
+    Raises:
+        UnsupportedRunnerError: no locked release matches (naming the vLLM functions that
+            differ and the fix), or the installed vLLM's source cannot be read.
+    """
+    try:
+        found = verdict(capability)
+    except Exception as err:  # an unreadable install: refused, with the cause
+        raise UnsupportedRunnerError(
+            f"initpipe could not read the installed vLLM's source to check its contract for "
+            f"{capability} ({type(err).__name__}: {err}). {refusal_fix()}"
+        ) from err
+    if found.release is None:
+        raise UnsupportedRunnerError(f"{found.describe()}. {refusal_fix()}")
+    return found.release

@@ -44,6 +44,7 @@ __all__ = [
     "Refusal",
     "check_vllm_version",
     "contract_match",
+    "contract_release",
     "refuse_unsupported",
     "runner_version",
     "why_not_pipelined",
@@ -190,6 +191,20 @@ def contract_match(vllm_config: Any) -> str:
     return verdict(_CAPABILITY[runner_version(vllm_config)]).describe()
 
 
+def contract_release(vllm_config: Any) -> str:
+    """The release (``"0.32.0"``) whose locked code the installed vLLM's is identical to,
+    for the catalog ``vllm_config`` needs: the release whose catalog and variants run
+    (:func:`initpipe_vllm.contract.report.installed_release`).
+
+    Raises:
+        UnsupportedRunnerError: no locked release matches that catalog's code (naming the
+            functions that differ), or the installed vLLM's source cannot be read.
+    """
+    from ..contract.report import installed_release
+
+    return installed_release(_CAPABILITY[runner_version(vllm_config)])
+
+
 def check_vllm_version(version: str | None = None) -> None:
     """Refuse, before anything is swapped in, a vLLM that neither catalog's contract
     matches (:mod:`initpipe_vllm.contract`): the stable name of the check the worker
@@ -222,13 +237,9 @@ def _contract_refusal(vllm_config: Any) -> Refusal | None:
     Neither catalog matching refuses before any config field is read; a vLLM whose source
     cannot be read (a zipped or ``.pyc``-only install) is refused, never a crash. The
     worker logs a match once (:func:`refuse_unsupported`); the plugin's line says it."""
-    from ..contract.lock import labels
-    from ..contract.report import verdict
+    from ..contract.report import refusal_fix, verdict
 
-    fix = (
-        f"Install a vLLM release initpipe has locked ({labels()}) or port initpipe to this "
-        "one (README: Porting to a new vLLM release)."
-    )
+    fix = refusal_fix()
     try:
         verdicts = {cap: verdict(cap) for cap in _CAPABILITY.values()}
     except Exception as err:  # the gate never crashes vLLM's start

@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from ..compat import CLEARED, plan_kv_cache_configs
 from ..contract.declare import vllm_uses
 from ..errors import ResizeRefusedError
 
@@ -54,7 +55,6 @@ class Plan:
     mirrors=("vllm.v1.engine.core:EngineCore._initialize_kv_caches",),
     calls=(
         "vllm.v1.core.kv_cache_utils:generate_scheduler_kv_cache_config",
-        "vllm.v1.core.kv_cache_utils:get_kv_cache_configs",
         "vllm.v1.core.kv_cache_utils:resolve_cache_hit_alignment_tokens",
         "vllm.v1.core.kv_cache_utils:resolve_kv_cache_block_sizes",
     ),
@@ -71,7 +71,6 @@ def plan(
     """
     from vllm.v1.core.kv_cache_utils import (
         generate_scheduler_kv_cache_config,
-        get_kv_cache_configs,
         resolve_cache_hit_alignment_tokens,
         resolve_kv_cache_block_sizes,
     )
@@ -85,19 +84,16 @@ def plan(
             "size would silently change it. Start the engine with an explicit max_model_len",
         )
     specs = core.model_executor.get_kv_cache_specs()
-    saved = cache.num_gpu_blocks_override
-    try:
-        if num_blocks is not None:
-            cache.num_gpu_blocks_override = num_blocks
-            available = [max(int(core.available_gpu_memory_for_kv_cache), 1)] * len(specs)
-        else:
-            cache.num_gpu_blocks_override = None
-            available = [int(kv_cache_memory_bytes or 0)] * len(specs)
-        configs = get_kv_cache_configs(vllm_config, specs, available)
+    if num_blocks is not None:
+        available = [max(int(core.available_gpu_memory_for_kv_cache), 1)] * len(specs)
+    else:
+        available = [int(kv_cache_memory_bytes or 0)] * len(specs)
+    try:  # by bytes: the engine's own block-count override must not apply
+        configs = plan_kv_cache_configs(
+            vllm_config, specs, available, num_blocks=CLEARED if num_blocks is None else num_blocks
+        )
     except ValueError as err:
         raise refuse("planning", str(err)) from None
-    finally:
-        cache.num_gpu_blocks_override = saved
     for cfg in configs:
         cfg.kv_cache_layout = cache.kv_cache_layout
     sched_cfg = generate_scheduler_kv_cache_config(configs)

@@ -131,8 +131,9 @@ def plan_kv_cache_config(
         record_kv_cache_layout,
         resolve_kv_cache_layout,
     )
-    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
     from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+
+    from ..compat import plan_kv_cache_configs
 
     cfg = runner.vllm_config
     with set_current_vllm_config(cfg):
@@ -143,13 +144,7 @@ def plan_kv_cache_config(
             supported = [kind.name for kind in get_supported_kv_cache_layouts(backends)]
             layout = resolve_kv_cache_layout(cfg, [supported], list(specs.values()))
             record_kv_cache_layout(cfg.cache_config, layout.name)
-        saved = cfg.cache_config.num_gpu_blocks_override
-        if num_blocks is not None:
-            cfg.cache_config.num_gpu_blocks_override = num_blocks
-        try:
-            (kv_cfg,) = get_kv_cache_configs(cfg, [specs], [memory])
-        finally:
-            cfg.cache_config.num_gpu_blocks_override = saved
+        (kv_cfg,) = plan_kv_cache_configs(cfg, [specs], [memory], num_blocks=num_blocks)
         kv_cfg.kv_cache_layout = cfg.cache_config.kv_cache_layout
         cfg.cache_config.num_gpu_blocks = kv_cfg.num_blocks
     return kv_cfg

@@ -286,8 +286,10 @@ def _minimal_profiling_kv_cache(runner: Any) -> None:
     Same steps; only the block count differs where vLLM's ``min(max_num_reqs,
     max_cudagraph_capture_size)`` fails because the CPU platform leaves no capture sizes.
     """
-    from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups, get_kv_cache_groups
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
     from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
+
+    from ..compat import kv_cache_config_from_groups
 
     spec = runner.get_kv_cache_spec()
     KVCacheSpecRegistry.check_kv_cache_spec_registry(spec)
@@ -296,12 +298,7 @@ def _minimal_profiling_kv_cache(runner: Any) -> None:
     min_blocks = (
         min(runner.max_num_reqs, capture if capture is not None else runner.max_num_reqs) or 1
     )
-    saved = runner.cache_config.num_gpu_blocks_override
-    runner.cache_config.num_gpu_blocks_override = min_blocks
-    try:
-        minimal = get_kv_cache_config_from_groups(runner.vllm_config, groups, available_memory=0)
-    finally:
-        runner.cache_config.num_gpu_blocks_override = saved
+    minimal = kv_cache_config_from_groups(runner.vllm_config, groups, num_blocks=min_blocks)
     runner.initialize_kv_cache(minimal, is_profiling=True)
     runner.cache_config.num_gpu_blocks = minimal.num_blocks
 

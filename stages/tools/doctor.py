@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return 2
         try:
-            lock = build(source, declarations())
+            lock = build(source, declarations(release=source.version))
         except LockError as err:
             print(f"Error: {err}", file=sys.stderr)
             return 2

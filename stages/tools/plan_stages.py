@@ -25,6 +25,7 @@ import attrs
 
 from initpipe import stage
 
+from ..compat import plan_kv_cache_configs
 from ..errors import KVCacheConfigError
 
 if TYPE_CHECKING:
@@ -158,10 +159,7 @@ def kv_cache_layout(
     effects=("model_config.max_model_len (only when auto-fit, max_model_len=-1)",),
     meta={
         "mirrors": ("vllm.v1.engine.core:EngineCore._initialize_kv_caches",),
-        "calls": (
-            "vllm.v1.core.kv_cache_utils:get_kv_cache_configs",
-            "vllm.v1.core.single_type_kv_cache_manager:register_all_kvcache_specs",
-        ),
+        "calls": ("vllm.v1.core.single_type_kv_cache_manager:register_all_kvcache_specs",),
     },
 )
 def engine_kv_cache_config(
@@ -184,7 +182,6 @@ def engine_kv_cache_config(
             non-positive value.
         ValueError: from vLLM, e.g. the budget cannot hold one ``max_model_len`` request.
     """
-    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
     from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
 
     if (num_blocks is None) == (kv_bytes is None):
@@ -198,16 +195,12 @@ def engine_kv_cache_config(
         field = "num_blocks" if num_blocks is not None else "kv_bytes"
         raise KVCacheConfigError(f"{field}={value} must be a positive integer.", field=field)
     register_all_kvcache_specs(vllm_config)
-    cache_config = vllm_config.cache_config
-    saved = cache_config.num_gpu_blocks_override
-    if num_blocks is not None:
-        cache_config.num_gpu_blocks_override = num_blocks
-    try:
-        (cfg,) = get_kv_cache_configs(
-            vllm_config, [dict(kv_cache_spec)], [kv_bytes if kv_bytes is not None else 0]
-        )
-    finally:
-        cache_config.num_gpu_blocks_override = saved
+    (cfg,) = plan_kv_cache_configs(
+        vllm_config,
+        [dict(kv_cache_spec)],
+        [kv_bytes if kv_bytes is not None else 0],
+        num_blocks=num_blocks,
+    )
     cfg.kv_cache_layout = getattr(kv_cache_layout, "name", kv_cache_layout)
     return {"kv_cache_config": cfg, "max_model_len": vllm_config.model_config.max_model_len}
 

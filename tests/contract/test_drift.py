@@ -208,7 +208,16 @@ def test_the_start_up_verdict_names_what_differs_bytes_first(drifted_install: So
         f"changed {OVERRIDDEN}",
         f"changed {CPU_RUNNER_GLOBAL}",
     }
-    assert report_mod.verdict("serve").ok
+    assert v1.release is None
+    serve = report_mod.verdict("serve")
+    assert serve.ok and serve.release == "0.32.0"
+
+
+def test_no_release_is_named_where_no_lock_matches(drifted_install: Source) -> None:
+    assert report_mod.installed_release("serve") == "0.32.0"
+    with pytest.raises(UnsupportedRunnerError, match="port initpipe") as err:
+        report_mod.installed_release("catalog_v1")
+    assert BIND in str(err.value) and "catalog_v1" in str(err.value)
 
 
 def test_a_new_override_in_a_subclass_is_named(folder_report: Report) -> None:

@@ -14,7 +14,7 @@ import pytest
 from initpipe_vllm.contract import lock as lock_mod
 from initpipe_vllm.contract.declare import CAPABILITIES, declarations
 from initpipe_vllm.contract.fingerprint import Index
-from initpipe_vllm.contract.report import compare, verdict
+from initpipe_vllm.contract.report import compare, installed_release, verdict
 from initpipe_vllm.contract.source import Source, open_source
 from initpipe_vllm.tools import doctor
 
@@ -98,6 +98,8 @@ def test_the_start_up_verdict_is_ok_on_the_installed_vllm(capability: str) -> No
     assert v.ok, v.describe()
     assert v.checked > 0 and v.differing == ()
     assert "identical" in v.describe() and v.vllm in v.describe()
+    # the match names the release whose variants run: the matched lock's version
+    assert v.release == v.baseline.split()[-1] == installed_release(capability)  # type: ignore[union-attr]
 
 
 def _doctor(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

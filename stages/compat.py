@@ -1,0 +1,92 @@
+"""The vLLM calls that move between releases, each bound once: every caller uses these.
+
+What belongs here: one function per vLLM call whose module or signature differs between
+the vLLM releases initpipe supports, and nothing else (attrs' ``_compat`` is the model: the
+binding is chosen in one place, callers never ask which release runs). A release that
+moves a call adds its variant beside the one here, declared for that release
+(``@vllm_uses(..., release=..., replaces=...)``, :mod:`initpipe_vllm.contract.declare`),
+and the variant is picked by the release the contract matched
+(:func:`initpipe_vllm.contract.report.installed_release`), never by a version string.
+Nothing here imports vLLM at import time.
+
+Bound so far: KV cache planning. Every planner of initpipe (live resize, ``initpipe plan``,
+the test kit) ran vLLM's planning with ``cache_config.num_gpu_blocks_override`` set for the
+call and restored after; :func:`plan_kv_cache_configs` (``get_kv_cache_configs``) and
+:func:`kv_cache_config_from_groups` (``get_kv_cache_config_from_groups``, the test kit's
+profiling-size cache) do it once, through :func:`blocks_override`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Final
+
+from .contract.declare import vllm_uses
+
+__all__ = ["CLEARED", "blocks_override", "kv_cache_config_from_groups", "plan_kv_cache_configs"]
+
+
+class _Override(enum.Enum):
+    CLEARED = "cleared"
+
+
+#: ``num_blocks=CLEARED``: the config's own ``num_gpu_blocks_override`` is cleared for the
+#: call, so the memory given alone sizes the cache (what a resize by bytes needs).
+CLEARED: Final = _Override.CLEARED
+
+#: What a planning call sizes the cache by: a block count; None, the config's own
+#: ``num_gpu_blocks_override`` (if any), else the memory; :data:`CLEARED`, the memory.
+Blocks = int | None | _Override
+
+
+@contextlib.contextmanager
+def blocks_override(cache_config: Any, num_blocks: Blocks) -> Iterator[None]:
+    """``cache_config.num_gpu_blocks_override`` as ``num_blocks`` says (:data:`Blocks`)
+    for the ``with`` block, and restored afterwards, also when the block raises."""
+    saved = cache_config.num_gpu_blocks_override
+    if num_blocks is CLEARED:
+        cache_config.num_gpu_blocks_override = None
+    elif num_blocks is not None:
+        cache_config.num_gpu_blocks_override = num_blocks
+    try:
+        yield
+    finally:
+        cache_config.num_gpu_blocks_override = saved
+
+
+@vllm_uses(("plan", "resize"), calls=("vllm.v1.core.kv_cache_utils:get_kv_cache_configs",))
+def plan_kv_cache_configs(
+    vllm_config: Any,
+    specs: Sequence[Mapping[str, Any]],
+    memory: Sequence[int],
+    *,
+    num_blocks: Blocks = None,
+) -> list[Any]:
+    """vLLM's ``KVCacheConfig`` of each worker (``get_kv_cache_configs``): one per entry of
+    ``specs`` (a worker's layer name -> ``KVCacheSpec``) with that worker's available
+    ``memory`` in bytes, sized by ``num_blocks`` (:data:`Blocks`).
+
+    Raises:
+        ValueError: from vLLM, e.g. the size cannot hold one ``max_model_len`` request.
+    """
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+
+    with blocks_override(vllm_config.cache_config, num_blocks):
+        return get_kv_cache_configs(vllm_config, specs, memory)  # type: ignore[no-any-return]
+
+
+def kv_cache_config_from_groups(
+    vllm_config: Any, groups: Sequence[Any], *, num_blocks: Blocks, available_memory: int = 0
+) -> Any:
+    """vLLM's ``KVCacheConfig`` of one worker's KV cache groups
+    (``get_kv_cache_config_from_groups``), sized by ``num_blocks`` (:data:`Blocks`). The
+    test kit's (its profiling-size cache); no capability depends on it, so it declares
+    nothing to the contract."""
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups
+
+    with blocks_override(vllm_config.cache_config, num_blocks):
+        return get_kv_cache_config_from_groups(
+            vllm_config, groups, available_memory=available_memory
+        )
