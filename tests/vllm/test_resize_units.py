@@ -221,15 +221,17 @@ def test_the_mrv2_graph_release_drops_every_managers_graphs() -> None:
 def test_a_rank_that_cannot_report_its_requests_refuses_the_resize() -> None:
     """Only a rank that answered and holds nothing lets a resize go on: a failed status
     (an unknown runner state) refuses it as surely as held requests do."""
-    from initpipe_vllm.resize.engine import _check_runners_idle
+    from initpipe_vllm.resize.records import RankFailure, RankRequests
+    from initpipe_vllm.resize.steps import check_runners_idle
 
-    _check_runners_idle([{"ok": True, "rank": 0, "requests": []}])
-    failed = {"ok": False, "rank": 1, "error": "AttributeError: no req_states"}
+    idle = RankRequests(rank=0, requests=[])
+    check_runners_idle([idle])
+    failed = RankFailure(rank=1, step="status", error="AttributeError: no req_states")
     with pytest.raises(ResizeRefusedError, match="rank 1 could not report") as info:
-        _check_runners_idle([{"ok": True, "rank": 0, "requests": []}, failed])
+        check_runners_idle([idle, failed])
     assert info.value.step == "requests" and "no req_states" in str(info.value)
     with pytest.raises(ResizeRefusedError, match=r"rank 0's runner still holds requests \['r1'\]"):
-        _check_runners_idle([{"ok": True, "rank": 0, "requests": ["r1"]}])
+        check_runners_idle([RankRequests(rank=0, requests=["r1"])])
 
 
 def test_both_pipelined_runners_are_driven_through_one_interface() -> None:
