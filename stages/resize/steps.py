@@ -10,10 +10,12 @@ cache that undoes them, the two commits — and the three transactions built fro
 
 A new live change is a new step list: a weight refit would be a pause, a reload step and a
 warm-up on :class:`~.txn.Transaction`; a resize that keeps the prefix cache would pause
-without :func:`reset_prefix_cache`'s step, build the new cache while the old one is alive
-(the core's ``Run.prepare_kv_cache``), copy, then commit. No step imports vLLM: what they
-need of it (vLLM's ``PauseState.PAUSED_ALL``, the ``collective_rpc`` call) arrives on the
-context from :func:`~.engine.resize`, which declares those uses (the contract).
+without resetting the prefix cache, build the new cache while the old one is alive (the
+core's ``Run.prepare_kv_cache``, whose ``KVHandoff.peak_bytes`` says what both cost), copy,
+then commit — and fall back to these steps (free first) where memory does not hold both.
+No step imports vLLM: what they need of it (vLLM's ``PauseState.PAUSED_ALL``, the
+``collective_rpc`` call) arrives on the context from :func:`~.engine.resize`, which
+declares those uses (the contract).
 """
 
 from __future__ import annotations
@@ -140,7 +142,7 @@ class Live:
         core: vLLM's ``EngineCore``.
         st: its :class:`EngineState`.
         clock: the report's timings.
-        rpc: runs a rank function on every rank (:data:`Rpc`).
+        rpc: runs a rank function on every rank (:class:`Rpc`).
         before / old: the blocks and the plan of the cache in place (0 / None: released).
         new: the plan of the cache to build (None: a release).
         num_blocks / kv_cache_memory_bytes: the size asked for (kept on the config).
