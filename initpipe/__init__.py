@@ -26,7 +26,7 @@ from . import errors
 from ._extensions import ENTRY_POINT_GROUP, Extension, apply_extensions
 from ._graph import REQUIRED
 from ._pipeline import Pipeline
-from ._run import Outputs, Run
+from ._run import KVHandoff, Outputs, Run
 from ._stage import KV, MODEL, PHASES, Phase, StageSpec, get_spec, is_stage, stage
 from ._trace import Trace, TraceEvent, blame, critical_path
 from .errors import (
@@ -75,6 +75,7 @@ __all__ = [
     "InitpipeError",
     "InjectedFault",
     "InputsError",
+    "KVHandoff",
     "MissingInputError",
     "NotAStageError",
     "OutputNotAvailableError",

@@ -10,6 +10,14 @@ the model-phase inputs that KV stages read, and the inputs a teardown of the pha
 (the opt-in: name the input as a parameter of the stage's teardown), until the phase is torn
 down. Everything else a phase was given is released when the phase completes or is rolled
 back; completed stages hold only their outputs.
+
+Two ways to replace a KV generation: ``initialize_kv_cache()`` frees generation N first and
+then builds N+1 (the default: never two caches alive at once); ``prepare_kv_cache()`` builds
+N+1 while N is still alive, and ``commit_kv_cache()`` (N torn down, N+1 in place) or
+``abort_kv_cache()`` (N+1 torn down, N intact) ends it — the protocol of graphlib's
+``prepare()``/``done()``, checked the same way. In between, both generations' outputs are
+readable (:class:`KVHandoff`), so a caller can copy from the old cache into the new one, and
+:meth:`KVHandoff.peak_bytes` says what holding both costs.
 """
 
 from __future__ import annotations
@@ -19,8 +27,10 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from time import perf_counter
+from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
+import attrs
 import networkx as nx
 
 from ._dispatch import Done, Failed, Step, run_steps
@@ -36,7 +46,7 @@ from .errors import (
     error_text,
 )
 
-__all__ = ["Listener", "Outputs", "PipelineLike", "Run", "RunState"]
+__all__ = ["KVHandoff", "Listener", "Outputs", "PipelineLike", "Run", "RunState"]
 
 #: Called with each :class:`TraceEvent` after a stage run or teardown.
 Listener = Callable[[TraceEvent], None]
@@ -108,6 +118,38 @@ class Outputs(Mapping[str, Any]):
         return f"<Outputs {self._present()}>"
 
 
+@attrs.frozen(kw_only=True)
+class KVHandoff:
+    """Two KV generations alive at once: what :meth:`Run.prepare_kv_cache` returns.
+
+    Attributes:
+        previous: generation N, still in place (0: there was none).
+        generation: generation N+1, built and waiting for ``commit_kv_cache()`` or
+            ``abort_kv_cache()``.
+        previous_outputs: N's KV-phase outputs (read-only; empty when there was none).
+        outputs: N+1's KV-phase outputs (read-only).
+    """
+
+    previous: int
+    generation: int
+    previous_outputs: Mapping[str, Any] = attrs.field(repr=lambda m: repr(list(m)))
+    outputs: Mapping[str, Any] = attrs.field(repr=lambda m: repr(list(m)))
+
+    def peak_bytes(self, measure: Callable[[Mapping[str, Any]], int]) -> int:
+        """Bytes held while both generations are alive: ``measure`` (which knows what a
+        generation's outputs hold, e.g. its KV tensors) of N plus of N+1."""
+        return int(measure(self.previous_outputs)) + int(measure(self.outputs))
+
+
+@attrs.define
+class _Pending:
+    """Generation N+1 while N is alive: its own values and completed stages."""
+
+    handoff: KVHandoff
+    values: dict[str, Any]
+    done: list[Done]
+
+
 class Run:
     """One initialization: created by :meth:`Pipeline.start`, driven phase by phase.
 
@@ -117,6 +159,8 @@ class Run:
         outputs: read-only mapping of the stage outputs that exist now.
         state: ``started``, ``loaded`` or ``closed``.
         kv_generation: how many times the KV phase has completed or been attempted.
+        kv_pending: the :class:`KVHandoff` between ``prepare_kv_cache()`` and its
+            ``commit_kv_cache()``/``abort_kv_cache()``; None otherwise.
     """
 
     def __init__(
@@ -138,6 +182,7 @@ class Run:
         # Run-local copy of the pipeline's steps: initpipe.testing swaps a step here to
         # inject a fault into this run only.
         self._steps: dict[str, tuple[Step, ...]] = dict(pipeline.steps)
+        self._pending: _Pending | None = None
 
     # -- observation ---------------------------------------------------------------------
     def add_listener(self, fn: Listener) -> None:
@@ -153,6 +198,11 @@ class Run:
     def kv_ready(self) -> bool:
         """True while a completed KV phase is in place."""
         return bool(self._done[KV]) and len(self._done[KV]) == len(self._steps[KV])
+
+    @property
+    def kv_pending(self) -> KVHandoff | None:
+        """The generation built by ``prepare_kv_cache()`` and not yet committed or aborted."""
+        return None if self._pending is None else self._pending.handoff
 
     def completed(self, phase: str) -> list[str]:
         """Stage names completed (and not torn down) in ``phase``, in order."""
@@ -218,27 +268,78 @@ class Run:
                 allows (``except ValueError`` catches it; see ``StageError.subclass_for``).
         """
         with self._lock:
-            self._check_open("initialize_kv_cache()")
-            if self.state != "loaded":
-                raise PhaseOrderError(
-                    "load() must be called before initialize_kv_cache(): "
-                    "the KV phase reads model-phase outputs."
-                )
-            if kv_cache_config is not REQUIRED:
-                if "kv_cache_config" in inputs:
-                    raise InputsError(
-                        KV,
-                        "initialize_kv_cache()",
-                        [],
-                        ["kv_cache_config"],
-                        list(self.pipeline.inputs[KV]),
-                    )
-                inputs["kv_cache_config"] = kv_cache_config
-            values = bind_inputs(KV, "initialize_kv_cache()", self.pipeline.inputs[KV], inputs)
+            values = self._kv_values("initialize_kv_cache()", kv_cache_config, inputs)
             self._teardown_phase(KV)
             self.kv_generation += 1
             self._run_phase(KV, values, self.kv_generation)
             return self.outputs
+
+    def prepare_kv_cache(self, kv_cache_config: Any = REQUIRED, /, **inputs: Any) -> KVHandoff:
+        """Build KV generation N+1 while generation N stays in place; end it with
+        :meth:`commit_kv_cache` or :meth:`abort_kv_cache`.
+
+        Peak memory is both generations at once (:meth:`KVHandoff.peak_bytes`); where that
+        does not fit, use :meth:`initialize_kv_cache`, which frees N first.
+
+        Args:
+            kv_cache_config: the KV cache config of N+1 (the ``kv_cache_config`` input).
+            **inputs: the other declared KV-phase inputs.
+
+        Returns:
+            The handoff: N's and N+1's outputs, readable until the commit or abort.
+
+        Raises:
+            PhaseOrderError: load() has not run, the run is closed, or a generation is
+                already prepared (commit or abort it first).
+            InputsError: missing or unknown inputs.
+            StageError: a stage of N+1 raised; N+1 was rolled back and N is intact.
+        """
+        with self._lock:
+            values = self._kv_values("prepare_kv_cache()", kv_cache_config, inputs)
+            kv_keys = {*self.pipeline.inputs[KV], *self._kv_outputs()}
+            pending = {k: v for k, v in self._values.items() if k not in kv_keys}
+            done: list[Done] = []
+            previous = self.kv_generation if self.kv_ready else 0
+            self.kv_generation += 1
+            self._run_phase(KV, values, self.kv_generation, pending, done)
+            handoff = KVHandoff(
+                previous=previous,
+                generation=self.kv_generation,
+                previous_outputs=self._kv_view(self._values),
+                outputs=self._kv_view(pending),
+            )
+            self._pending = _Pending(handoff, pending, done)
+            return handoff
+
+    def commit_kv_cache(self) -> Mapping[str, Any]:
+        """Make the prepared generation N+1 the run's KV phase: N is torn down (reverse
+        order, each teardown once), then N+1's outputs are the run's.
+
+        Returns:
+            The outputs mapping (now N+1's).
+
+        Raises:
+            PhaseOrderError: no generation is prepared (call prepare_kv_cache() first).
+            TeardownError: some of N's teardowns raised (all ran; N+1 is in place anyway).
+        """
+        with self._lock:
+            pending = self._take_pending("commit_kv_cache()")
+            try:
+                self._teardown_phase(KV, generation=pending.handoff.previous)
+            finally:
+                self._values = pending.values
+                self._done[KV] = pending.done
+            return self.outputs
+
+    def abort_kv_cache(self) -> None:
+        """Drop the prepared generation N+1 (its teardowns in reverse order); N stays.
+
+        Raises:
+            PhaseOrderError: no generation is prepared (call prepare_kv_cache() first).
+            TeardownError: some of N+1's teardowns raised (all ran; N is intact).
+        """
+        with self._lock:
+            self._abort_pending(self._take_pending("abort_kv_cache()"))
 
     def teardown_kv_cache(self) -> None:
         """Undo the KV phase (reverse order, each teardown once); model outputs stay.
@@ -247,6 +348,7 @@ class Run:
             TeardownError: some teardowns raised (all ran; the outputs are gone).
         """
         with self._lock:
+            self._check_no_pending("teardown_kv_cache()")
             self._teardown_phase(KV)
 
     def close(self) -> None:
@@ -259,6 +361,11 @@ class Run:
             if self.state == "closed":
                 return
             errors: list[tuple[str, BaseException]] = []
+            if self._pending is not None:  # the newest generation first
+                try:
+                    self._abort_pending(self._take_pending("close()"))
+                except TeardownError as err:
+                    errors.extend(err.failures)
             for phase in (KV, MODEL):
                 try:
                     self._teardown_phase(phase)
@@ -281,6 +388,47 @@ class Run:
                 f"{call} called on a closed run; call pipeline.start() for a new one."
             )
 
+    def _check_no_pending(self, call: str) -> None:
+        if self._pending is not None:
+            gen = self._pending.handoff.generation
+            raise PhaseOrderError(
+                f"KV generation {gen} is prepared: call commit_kv_cache() or "
+                f"abort_kv_cache() before {call}."
+            )
+
+    def _kv_values(self, call: str, kv_cache_config: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+        """The checks every KV call makes, and its bound inputs."""
+        self._check_open(call)
+        if self.state != "loaded":
+            raise PhaseOrderError(
+                f"load() must be called before {call}: the KV phase reads model-phase outputs."
+            )
+        self._check_no_pending(call)
+        if kv_cache_config is not REQUIRED:
+            if "kv_cache_config" in inputs:
+                raise InputsError(KV, call, [], ["kv_cache_config"], list(self.pipeline.inputs[KV]))
+            inputs["kv_cache_config"] = kv_cache_config
+        return bind_inputs(KV, call, self.pipeline.inputs[KV], inputs)
+
+    def _kv_outputs(self) -> list[str]:
+        return [k for step in self._steps[KV] for k in step.provides]
+
+    def _kv_view(self, values: Mapping[str, Any]) -> Mapping[str, Any]:
+        return MappingProxyType({k: values[k] for k in self._kv_outputs() if k in values})
+
+    def _take_pending(self, call: str) -> _Pending:
+        self._check_open(call)
+        pending = self._pending
+        if pending is None:
+            raise PhaseOrderError(
+                f"prepare_kv_cache() must be called before {call}: no KV generation is prepared."
+            )
+        self._pending = None
+        return pending
+
+    def _abort_pending(self, pending: _Pending) -> None:
+        self._teardown_phase(KV, pending.done, pending.values, pending.handoff.generation)
+
     def _listener(self) -> Callable[[], None] | None:
         """A callback handing the latest trace event to every listener (None: none)."""
         if not self._listeners:
@@ -294,13 +442,23 @@ class Run:
 
         return emit
 
-    def _run_phase(self, phase: Phase, values: dict[str, Any], generation: int) -> None:
-        self._values.update(values)
-        done = self._done[phase]
+    def _run_phase(
+        self,
+        phase: Phase,
+        values: dict[str, Any],
+        generation: int,
+        into: dict[str, Any] | None = None,
+        done: list[Done] | None = None,
+    ) -> None:
+        """Run ``phase`` with ``values`` added to ``into`` (the run's values unless given),
+        completed stages going to ``done`` (the phase's unless given)."""
+        into = self._values if into is None else into
+        done = self._done[phase] if done is None else done
+        into.update(values)
         try:
             run_steps(
                 self._steps[phase],
-                self._values,
+                into,
                 done,
                 self.trace._records,  # the hot loop appends to the trace's own deque
                 generation,
@@ -311,7 +469,7 @@ class Run:
             rolled: list[str]
             td_err: TeardownError | None
             try:
-                rolled, td_err = self._teardown_phase(phase), None
+                rolled, td_err = self._teardown_phase(phase, done, into, generation), None
             except TeardownError as teardown_err:
                 rolled, td_err = completed[::-1], teardown_err
             if not isinstance(failed.error, Exception):
@@ -326,11 +484,22 @@ class Run:
         kept = self.pipeline.kept_inputs[phase]
         for k in values:
             if k not in kept:
-                del self._values[k]
+                del into[k]
 
-    def _teardown_phase(self, phase: str) -> list[str]:
-        done = self._done[phase]
-        values = self._values
+    def _teardown_phase(
+        self,
+        phase: str,
+        done: list[Done] | None = None,
+        values: dict[str, Any] | None = None,
+        generation: int | None = None,
+    ) -> list[str]:
+        """Tear down ``done`` (the phase's unless given) newest first, popping its outputs
+        and the phase's inputs from ``values`` (the run's unless given); the trace records
+        ``generation`` (the current one unless given)."""
+        done = self._done[phase] if done is None else done
+        values = self._values if values is None else values
+        if generation is None:
+            generation = self.kv_generation if phase == KV else 0
         failures: list[tuple[str, BaseException]] = []
         ran: list[str] = []
         listener = self._listener()
@@ -354,7 +523,7 @@ class Run:
                     t0,
                     t1,
                     outcome,
-                    self.kv_generation if phase == KV else 0,
+                    generation,
                     err_s,
                 )
                 if listener is not None:

@@ -4,12 +4,14 @@ What belongs here: everything a resize does above the runner — the public API
 (:mod:`.api`, re-exported at ``initpipe_vllm``'s top level), the engine-core side that
 plans the new cache with vLLM's functions and rebuilds the scheduler's KV cache manager
 (:mod:`.engine`, the one module that patches vLLM's ``EngineCore``; its replays of vLLM's
-planning and scheduler set-up are in :mod:`.replay`), the worker side run on
-every rank through ``collective_rpc`` (:mod:`.rank`), and the records they return
-(:mod:`.report`); and one test facility, :mod:`.hold` (``INITPIPE_HOLD_STEPS``: an engine
-core that keeps its requests in flight on purpose, the only other patch of vLLM's engine
-core, installed only where that variable is set). The KV phase itself is the catalog's:
-torn down and re-run by the pipelined runner.
+planning and scheduler set-up are in :mod:`.replay`), the one live-transaction driver
+(:mod:`.txn`: pause, steps, commit, or undo in reverse) and the resize, release and resume
+as step lists on it (:mod:`.steps`), the worker side run on every rank through
+``collective_rpc`` (:mod:`.rank`, answering in the typed records of :mod:`.records`), and
+the records they return (:mod:`.report`); and one test facility, :mod:`.hold`
+(``INITPIPE_HOLD_STEPS``: an engine core that keeps its requests in flight on purpose, the
+only other patch of vLLM's engine core, installed only where that variable is set). The KV
+phase itself is the catalog's: torn down and re-run by the pipelined runner.
 
 Importing this package imports neither torch nor vllm.
 """

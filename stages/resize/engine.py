@@ -18,6 +18,12 @@ derives from the KV config is recomputed, and the new cache is planned as
 ``EngineCore._initialize_kv_caches`` plans it: both replays live in :mod:`.replay`. Each
 worker then gets its config through vLLM's ``Worker.initialize_from_config``.
 
+The order of a resize — pause, steps, commit, or undo in reverse — is not here: a resize, a
+release and a resume are step lists (:mod:`.steps`) on the one live-transaction driver
+(:mod:`.txn`); ranks answer in typed records (:mod:`.records`). This module checks and
+plans (:func:`prepare`), drives the transaction the action names (:func:`resize`) and turns
+its failure into a :class:`~initpipe_vllm.errors.ResizeError`.
+
 Results are plain dicts (``{"ok": True, "report": ...}`` or ``{"ok": False, "error":
 ...}``): a utility call's value crosses the process boundary as plain data, and an
 exception would arrive as a bare message.
@@ -25,14 +31,13 @@ exception would arrive as a bare message.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import attrs
 
@@ -41,8 +46,11 @@ from ..errors import ResizeError, ResizeRefusedError, UnsupportedRunnerError
 from ..hook import PIPELINED_WORKER
 from . import rank as ranks
 from .hold import ENV_HOLD, install_from_env
-from .replay import Plan, plan, plan_or_explain, rebuild_scheduler_kv, refuse
-from .report import STEPS, KVCacheInfo, RankReport, ResizeReport
+from .records import RankFailure, RankRecord, RankStatus
+from .replay import Plan, plan, plan_or_explain, refuse
+from .report import KVCacheInfo, RankReport, ResizeReport
+from .steps import TRANSACTIONS, Clock, Live, RankStepFailed, engine_state
+from .txn import TransactionFailed, drive
 
 __all__ = [
     "FRONTEND_FIGURES",
@@ -69,31 +77,10 @@ _SCHEDULERS = (
 )
 #: KV connectors whose scheduler side follows a new KV cache manager (re-bound).
 _CONNECTORS = ("ExampleConnector",)
+R = TypeVar("R", bound=RankRecord)
 _HOW_TO_START = (
     f'start the engine with worker_cls="{PIPELINED_WORKER}" (or INITPIPE_VLLM=1 in its environment)'
 )
-
-
-# -- state kept on the engine core --------------------------------------------------------
-@attrs.define
-class _State:
-    state: str = "serving"
-    resume_blocks: int | None = None
-    #: the pause state the user had set before a release (restored by the resume)
-    user_pause: Any = None
-    bytes_per_rank: tuple[int, ...] = ()
-    last_report: ResizeReport | None = None
-    #: the action accepted and not yet answered (a second one is refused meanwhile)
-    busy: str | None = None
-    #: which vLLM model runner the workers run ("v1" or "v2"), read from rank 0 once
-    model_runner: str | None = None
-
-
-def _state(core: Any) -> _State:
-    st = getattr(core, "_initpipe_kv_state", None)
-    if st is None:
-        st = core._initpipe_kv_state = _State()
-    return st
 
 
 # -- errors as plain data -----------------------------------------------------------------
@@ -128,7 +115,8 @@ def _qualname(obj: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _check_engine(core: Any, statuses: list[dict[str, Any]]) -> None:
+def _check_engine(core: Any, statuses: list[RankStatus | RankFailure]) -> list[RankStatus]:
+    """Refuse an engine or a rank a resize cannot follow; the ranks' statuses, checked."""
     from ..contract.report import verdict
 
     try:
@@ -159,50 +147,18 @@ def _check_engine(core: Any, statuses: list[dict[str, Any]]) -> None:
         )
     if core.batch_queue:
         raise refuse("requests", "batches are in flight in the batch queue")
+    checked: list[RankStatus] = []
     for st in statuses:
-        if not st["ok"]:
-            raise refuse("engine", f"rank {st['rank']} could not report: {st['error']}")
-        if not st["pipelined"]:
+        if isinstance(st, RankFailure):
+            raise refuse("engine", f"rank {st.rank} could not report: {st.error}")
+        if not st.pipelined:
             raise refuse(
                 "engine",
-                f"rank {st['rank']} runs {st['worker_class']} (runner {st['runner_class']}), "
+                f"rank {st.rank} runs {st.worker_class} (runner {st.runner_class}), "
                 f"not initpipe's pipelined worker: {_HOW_TO_START}",
             )
-
-
-def _held_requests(sched: Any) -> list[str]:
-    held = [r.request_id for r in sched.running]
-    held += [r.request_id for r in sched.kv_holding_waiting]
-    return held
-
-
-def _check_runners_idle(statuses: list[dict[str, Any]]) -> None:
-    """Refuse unless every rank answered and its runner holds no request (a rank that
-    could not say counts as busy: its state is unknown)."""
-    for st in statuses:
-        if not st["ok"]:
-            raise refuse(
-                "requests", f"rank {st['rank']} could not report its requests: {st['error']}"
-            )
-        if st["requests"]:
-            raise refuse(
-                "requests", f"rank {st['rank']}'s runner still holds requests {st['requests']}"
-            )
-
-
-def _flush_finished(core: Any) -> None:
-    """Let the runners drop finished requests (vLLM tells them in the next step), with
-    nothing scheduled: the scheduler is ``PAUSED_ALL`` here. In its own process the engine
-    core's outputs go to its output queue, as its busy loop would send them."""
-    sched = core.scheduler
-    queue = getattr(core, "output_queue", None)
-    for _ in range(4):
-        if not sched.has_finished_requests():
-            return
-        outputs, _executed = core.step()
-        if queue is not None:
-            for output in (outputs or {}).items():
-                queue.put_nowait(output)
+        checked.append(st)
+    return checked
 
 
 def _workers_apart(core: Any) -> bool:
@@ -214,66 +170,46 @@ def _workers_apart(core: Any) -> bool:
     "resize",
     calls=("vllm.v1.engine.core:EngineCore.collective_rpc",),
 )
-def _rpc(core: Any, func: Callable[..., Any], *args: Any) -> list[dict[str, Any]]:
-    return list(core.model_executor.collective_rpc(func, args=args))
-
-
-def _first_failure(statuses: list[dict[str, Any]]) -> dict[str, Any] | None:
-    return next((s for s in statuses if not s["ok"]), None)
+def _rpc(core: Any, func: Callable[..., Any], record: type[R], *args: Any) -> list[R | RankFailure]:
+    """``func`` on every rank; each answer read back as a ``record`` (or its failure)."""
+    return [record.from_dict(a) for a in core.model_executor.collective_rpc(func, args=args)]
 
 
 # -- the resize -----------------------------------------------------------------------------
-class _Clock:
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.steps: dict[str, float] = dict.fromkeys(STEPS, 0.0)
-
-    def add(self, step: str, seconds: float) -> None:
-        self.steps[step] += seconds
-
-    @contextlib.contextmanager
-    def timed(self, step: str) -> Iterator[None]:
-        t = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.add(step, time.perf_counter() - t)
-
-
-class _StepFailed(Exception):
-    """A rank reported a failure at ``step`` (turned into a ResizeError after the rollback)."""
-
-    def __init__(self, step: str, status: dict[str, Any]) -> None:
-        super().__init__(status["error"])
-        self.step = step
-        self.status = status
-
-
-def _failed(err: _StepFailed, *, rolled_back: bool, action: str) -> ResizeError:
-    status = err.status
-    where = f"stage {status['stage']!r}" if status.get("stage") else f"the {err.step} step"
+def _failed(err: RankStepFailed, *, rolled_back: bool, action: str) -> ResizeError:
+    status = err.failure
+    where = f"stage {status.stage!r}" if status.stage else f"the {err.step} step"
     after = (
         "the engine went back to its previous state and keeps serving"
         if rolled_back
         else "the rollback failed too: the engine is left with its KV cache released and "
         "refuses requests; call resume_kv_cache() to retry, or restart it"
     )
-    on_rank = "" if status["rank"] is None else f" on rank {status['rank']}"
+    on_rank = "" if status.rank is None else f" on rank {status.rank}"
     return ResizeError(
-        f"KV cache {action} failed at {where}{on_rank}: {status['error']}; {after}",
+        f"KV cache {action} failed at {where}{on_rank}: {status.error}; {after}",
         step=err.step if rolled_back else "rollback",
-        stage=status.get("stage"),
-        rank=status["rank"],
-        reason=status["error"],
+        stage=status.stage,
+        rank=status.rank,
+        reason=status.error,
         rolled_back=rolled_back,
     )
+
+
+def _failure_of(failed: TransactionFailed) -> RankStepFailed:
+    """The failure a ResizeError reports: a rank's, or else the engine core's own, which
+    is reported at the ``scheduler`` step whichever step raised (as it always was)."""
+    if isinstance(failed.cause, RankStepFailed):
+        return failed.cause
+    cause = f"{type(failed.cause).__name__}: {failed.cause}"
+    return RankStepFailed("scheduler", RankFailure(rank=None, step="scheduler", error=cause))
 
 
 @attrs.frozen
 class _Prepared:
     """What a resize checked and planned before touching anything."""
 
-    statuses: list[dict[str, Any]]
+    statuses: list[RankStatus]
     before: int
     old: Plan | None
     new: Plan | None
@@ -294,16 +230,17 @@ def prepare(
         ResizeRefusedError: the state, the engine, the size or the memory refuses it.
     """
     start = time.perf_counter()
-    st = _state(core)
+    st = engine_state(core)
+    if action not in TRANSACTIONS:
+        raise refuse("arguments", f"action {action!r}: expected one of {sorted(TRANSACTIONS)}")
     if action == "resize" and st.state == "released":
         raise refuse("state", "the KV cache is released: call resume_kv_cache(num_blocks=...)")
     if action == "release" and st.state == "released":
         raise refuse("state", "the KV cache is already released")
     if action == "resume" and st.state != "released":
         raise refuse("state", "the KV cache is not released (resize it instead)")
-    statuses = _rpc(core, ranks.rank_status, _workers_apart(core))
-    _check_engine(core, statuses)
-    st.model_runner = statuses[0]["model_runner"]
+    statuses = _check_engine(core, _rpc(core, ranks.rank_status, RankStatus, _workers_apart(core)))
+    st.model_runner = statuses[0].model_runner
     before = 0 if st.state == "released" else int(core.scheduler.kv_cache_config.num_blocks)
     old = plan(core, num_blocks=before) if before else None
     new = None
@@ -314,12 +251,12 @@ def prepare(
             core, num_blocks=num_blocks, kv_cache_memory_bytes=kv_cache_memory_bytes
         )
         for status, need in zip(statuses, new.bytes_per_rank(), strict=True):
-            room = status["available_memory"]
-            if room is not None and need - status["kv_bytes"] > room:
+            room = status.available_memory
+            if room is not None and need - status.kv_bytes > room:
                 raise refuse(
                     "memory",
-                    f"rank {status['rank']} needs {need:,} bytes for {new.num_blocks} blocks; "
-                    f"{status['kv_bytes']:,} are freed first and {room:,} are available",
+                    f"rank {status.rank} needs {need:,} bytes for {new.num_blocks} blocks; "
+                    f"{status.kv_bytes:,} are freed first and {room:,} are available",
                 )
     return _Prepared(statuses, before, old, new, num_blocks, time.perf_counter() - start)
 
@@ -354,89 +291,49 @@ def resize(
     """
     from vllm.v1.core.sched.interface import PauseState
 
-    clock = _Clock()
+    clock = Clock()
     clock.add("pause", pause_s)
     if prepared is not None:  # planned (and paused) before this call: the total includes it
         clock.start -= pause_s + prepared.seconds
-    st = _state(core)
+    st = engine_state(core)
     p = prepared or prepare(
         core, action, num_blocks=num_blocks, kv_cache_memory_bytes=kv_cache_memory_bytes
     )
     clock.add("plan", p.seconds)
-    statuses, before, old, new, num_blocks = p.statuses, p.before, p.old, p.new, p.num_blocks
-    sched = core.scheduler
-
-    # -- requests: nothing may hold KV blocks; the runners must hold no request --
     if prior_pause is None:
-        prior_pause = sched.pause_state
-    saved_pause = st.user_pause if st.state == "released" else prior_pause
-    with clock.timed("pause"):
-        held = _held_requests(sched)
-        if held:
-            raise refuse(
-                "requests",
-                f"requests {held} hold KV blocks; in-process a resize cannot wait for them: "
-                "let them finish (LLM.wait_for_completion()) or pass mode='abort'",
-            )
-        waited = tuple(r.request_id for r in sched.waiting)
-        sched.set_pause_state(PauseState.PAUSED_ALL)
-        try:
-            _flush_finished(core)
-            _check_runners_idle(_rpc(core, ranks.rank_requests))
-            if before and not sched.reset_prefix_cache():
-                raise refuse("requests", "the prefix cache could not be reset")
-        except BaseException:
-            sched.set_pause_state(prior_pause)
-            raise
-
-    rank_reports: dict[int, dict[str, Any]] = {s["rank"]: {"rank": s["rank"]} for s in statuses}
-    try:
-        if before:
-            _teardown(core, clock, rank_reports)
-        if new is not None:
-            _apply(core, new, clock, rank_reports)
-            with clock.timed("scheduler"):
-                rebuild_scheduler_kv(core, new)
-                _remember_size(core, num_blocks, kv_cache_memory_bytes)
-    except Exception as err:
-        failure = (
-            err
-            if isinstance(err, _StepFailed)
-            else _StepFailed(
-                "scheduler", {"rank": None, "stage": None, "error": f"{type(err).__name__}: {err}"}
-            )
-        )
-        back = _rollback(core, old, st)
-        st.user_pause = saved_pause
-        serving = st.state == "serving"
-        sched.set_pause_state(saved_pause if serving else PauseState.PAUSED_ALL)
-        raise _failed(failure, rolled_back=back, action=action) from err
-
-    with clock.timed("resume"):
-        if new is None:
-            # nothing is scheduled while released (PAUSED_ALL); the frontend refuses requests
-            st.state, st.resume_blocks, st.bytes_per_rank = "released", before, ()
-            st.user_pause = saved_pause
-            _released_figures(core)
-        else:
-            st.state, st.resume_blocks = "serving", None
-            st.bytes_per_rank = new.bytes_per_rank()
-            sched.set_pause_state(saved_pause)
-    ranks_out = tuple(
-        RankReport(**{k: v for k, v in r.items() if k in attrs.fields_dict(RankReport)})
-        for _, r in sorted(rank_reports.items())
+        prior_pause = core.scheduler.pause_state
+    live = Live(
+        core=core,
+        st=st,
+        clock=clock,
+        rpc=functools.partial(_rpc, core),
+        before=p.before,
+        old=p.old,
+        new=p.new,
+        num_blocks=p.num_blocks,
+        kv_cache_memory_bytes=kv_cache_memory_bytes,
+        prior_pause=prior_pause,
+        saved_pause=st.user_pause if st.state == "released" else prior_pause,
+        paused_all=PauseState.PAUSED_ALL,
+        ranks={s.rank: RankReport(rank=s.rank) for s in p.statuses},
     )
+    try:
+        drive(TRANSACTIONS[action], live)  # a refusal of its pause propagates as it is
+    except TransactionFailed as failed:
+        err = _failed(_failure_of(failed), rolled_back=failed.rolled_back_cleanly, action=action)
+        raise err from failed.cause
+    ranks_out = tuple(r for _, r in sorted(live.ranks.items()))
     report = ResizeReport(
         action=action,  # type: ignore[arg-type]
         mode=mode,
-        blocks_before=before,
-        blocks_after=0 if new is None else new.num_blocks,
+        blocks_before=p.before,
+        blocks_after=0 if p.new is None else p.new.num_blocks,
         bytes_freed=sum(r.bytes_freed for r in ranks_out),
         bytes_allocated=sum(r.bytes_allocated for r in ranks_out),
         total_s=time.perf_counter() - clock.start,
         steps=clock.steps,
         ranks=ranks_out,
-        requests_waited=waited,
+        requests_waited=live.waited,
         requests_aborted=aborted,
     )
     st.last_report = report
@@ -444,108 +341,18 @@ def resize(
     return report
 
 
-def _teardown(core: Any, clock: _Clock, out: dict[int, dict[str, Any]]) -> None:
-    statuses = _rpc(core, ranks.rank_teardown)
-    clock.add("teardown", max(s.get("seconds", 0.0) for s in statuses))
-    for s in statuses:
-        if s["ok"]:
-            out[s["rank"]].update(
-                bytes_freed=s["bytes_freed"],
-                teardown_s=s["seconds"],
-                rss_before=s["rss_before"],
-                rss_torn_down=s["rss_after"],
-                rss_after=s["rss_after"],
-            )
-    bad = _first_failure(statuses)
-    if bad is not None:
-        raise _StepFailed("teardown", bad)
-
-
-def _apply(core: Any, new: Plan, clock: _Clock, out: dict[int, dict[str, Any]]) -> None:
-    statuses = _rpc(core, ranks.rank_initialize, new.worker_configs)
-    clock.add("kv_phase", max(s.get("seconds", 0.0) for s in statuses))
-    for s in statuses:
-        if s["ok"]:
-            out[s["rank"]].update(bytes_allocated=s["bytes_allocated"], kv_phase_s=s["seconds"])
-    bad = _first_failure(statuses)
-    if bad is not None:
-        raise _StepFailed("kv_phase", bad)
-    statuses = _rpc(core, ranks.rank_warm_up)
-    clock.add("warmup", max(s.get("seconds", 0.0) for s in statuses))
-    for s in statuses:
-        if s["ok"]:
-            out[s["rank"]].update(warmup_s=s["seconds"], rss_after=s["rss_after"])
-    bad = _first_failure(statuses)
-    if bad is not None:
-        raise _StepFailed("warmup", bad)
-
-
-def _rollback(core: Any, old: Plan | None, st: _State) -> bool:
-    """Back to ``old`` on every rank (or to released, when there was no cache); True when
-    that worked. The scheduler is rebuilt for ``old`` (a no-op in effect when the failure
-    came before the scheduler step)."""
-    try:
-        for s in _rpc(core, ranks.rank_teardown):
-            if not s["ok"]:
-                logger.error(
-                    "initpipe: rollback teardown failed on rank %s: %s", s["rank"], s["error"]
-                )
-                raise RuntimeError(s["error"])
-        if old is None:
-            st.state, st.bytes_per_rank = "released", ()
-            _released_figures(core)
-            return True
-        for func, args in (
-            (ranks.rank_initialize, (old.worker_configs,)),
-            (ranks.rank_warm_up, ()),
-        ):
-            for s in _rpc(core, func, *args):
-                if not s["ok"]:
-                    logger.error("initpipe: rollback failed on rank %s: %s", s["rank"], s["error"])
-                    raise RuntimeError(s["error"])
-        rebuild_scheduler_kv(core, old)
-        st.state, st.bytes_per_rank = "serving", old.bytes_per_rank()
-        return True
-    except Exception:
-        logger.exception("initpipe: the KV cache could not be rolled back")
-        _released_figures(core)
-        st.state, st.resume_blocks, st.bytes_per_rank = (
-            "released",
-            old.num_blocks if old else st.resume_blocks,
-            (),
-        )
-        return False
-
-
-def _released_figures(core: Any) -> None:
-    """While released the engine reports no KV capacity."""
-    cache = core.vllm_config.cache_config
-    cache.num_gpu_blocks = 0
-    cache.kv_cache_size_tokens = 0
-    cache.kv_cache_max_concurrency = 0.0
-
-
-def _remember_size(core: Any, num_blocks: int | None, kv_cache_memory_bytes: int | None) -> None:
-    """The engine's config now says what a fresh engine of this size would be started with."""
-    cache = core.vllm_config.cache_config
-    if num_blocks is not None:
-        cache.num_gpu_blocks_override = num_blocks
-    else:
-        cache.num_gpu_blocks_override = None
-        cache.kv_cache_memory_bytes = kv_cache_memory_bytes
-
-
 def kv_info(core: Any) -> KVCacheInfo:
     """The engine's KV cache now."""
-    st = _state(core)
+    st = engine_state(core)
     cfg = core.scheduler.kv_cache_config
     released = st.state == "released"
     per_rank = st.bytes_per_rank
     if (not released and not per_rank) or st.model_runner is None:
-        statuses = _rpc(core, ranks.rank_status)
+        statuses = _rpc(core, ranks.rank_status, RankStatus)
         if not released and not per_rank:
-            per_rank = tuple(s.get("kv_bytes", 0) for s in statuses)
-        st.model_runner = statuses[0].get("model_runner")
+            per_rank = tuple(s.kv_bytes if isinstance(s, RankStatus) else 0 for s in statuses)
+        first = statuses[0]
+        st.model_runner = first.model_runner if isinstance(first, RankStatus) else None
     return KVCacheInfo(
         state="resizing" if st.busy else "released" if released else "serving",
         num_blocks=0 if released else int(cfg.num_blocks),
@@ -582,7 +389,7 @@ def _answer(core: Any, run: Callable[[], ResizeReport]) -> dict[str, Any]:
         answer = {"ok": True, "report": report.to_dict()}
     cache = core.vllm_config.cache_config
     answer["cache_config"] = {k: getattr(cache, k, None) for k in FRONTEND_FIGURES}
-    answer["state"] = _state(core).state
+    answer["state"] = engine_state(core).state
     _refuse_adds_while_released(core)
     return answer
 
@@ -603,7 +410,7 @@ def _refuse_adds_while_released(core: Any) -> None:
     guard, must not wait forever); the instance attribute goes away on resume."""
     if not _in_own_process(core):
         return
-    if _state(core).state != "released":
+    if engine_state(core).state != "released":
         core.__dict__.pop("add_request", None)
         return
 
@@ -645,7 +452,7 @@ def _resize_method(
         "num_blocks": num_blocks,
         "kv_cache_memory_bytes": kv_cache_memory_bytes,
     }
-    st = _state(self)
+    st = engine_state(self)
     if st.busy is not None:
         return _answer(self, functools.partial(_raise, _busy_refusal(st.busy, action)))
     st.busy = action

@@ -1,8 +1,9 @@
 """The worker side of a resize: functions the engine core sends to every rank.
 
 What belongs here: what runs inside a worker process (or the in-process worker) through
-``collective_rpc`` — vLLM passes the worker wrapper first. Every function here returns a
-plain status dict and NEVER raises: ``collective_rpc`` stops reading replies at the first
+``collective_rpc`` — vLLM passes the worker wrapper first. Every function here returns its
+record of :mod:`.records` as plain data (``to_dict()``; a :class:`~.records.RankFailure`'s
+when it failed) and NEVER raises: ``collective_rpc`` stops reading replies at the first
 failing rank and leaves the other ranks' replies queued for the next call, so a raise on
 one rank would desynchronize the next resize. The engine core reads the statuses and decides
 the rollback (:mod:`.engine`); a rank that could not answer refuses the resize.
@@ -36,7 +37,17 @@ import traceback
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
+
 from ..contract.declare import vllm_uses
+from .records import (
+    RankAllocation,
+    RankFailure,
+    RankRequests,
+    RankStatus,
+    RankTeardown,
+    RankWarmUp,
+)
 
 __all__ = [
     "freeze_startup_heap",
@@ -99,17 +110,16 @@ def _kv_bytes(runner: Any) -> int:
     return sum(int(t.size) for t in kvc.kv_cache_tensors)
 
 
-def _failure(rank: int, err: BaseException, step: str) -> dict[str, Any]:
+def _failure(rank: int, err: BaseException, step: str) -> RankFailure:
     from initpipe import StageError
 
-    return {
-        "ok": False,
-        "rank": rank,
-        "step": step,
-        "stage": err.stage if isinstance(err, StageError) else None,
-        "error": f"{type(err).__name__}: {err}",
-        "traceback": traceback.format_exc(limit=8),
-    }
+    return RankFailure(
+        rank=rank,
+        step=step,
+        stage=err.stage if isinstance(err, StageError) else None,
+        error=f"{type(err).__name__}: {err}",
+        traceback=traceback.format_exc(limit=8),
+    )
 
 
 @vllm_uses(
@@ -159,32 +169,31 @@ def rank_status(wrapper: Any, own_process: bool = False) -> dict[str, Any]:
         froze = freeze_startup_heap() if own_process else False
         runner = worker.model_runner
         pipelined = _pipelined(runner)
-        return {
-            "ok": True,
-            "rank": rank,
-            "pipelined": pipelined,
-            "model_runner": getattr(runner, "initpipe_runner_version", None),
-            "worker_class": f"{type(worker).__module__}.{type(worker).__qualname__}",
-            "runner_class": type(runner).__name__,
-            "requests": runner.initpipe_requests() if pipelined else [],
-            "kv_bytes": _kv_bytes(runner),
-            "kv_in_place": runner.initpipe_kv_in_place() if pipelined else None,
-            "num_blocks": runner.cache_config.num_gpu_blocks,
-            "available_memory": _available_memory(worker),
-            "rss": _rss(),
-            "froze_heap": froze,
-        }
+        return RankStatus(
+            rank=rank,
+            pipelined=pipelined,
+            model_runner=getattr(runner, "initpipe_runner_version", None),
+            worker_class=f"{type(worker).__module__}.{type(worker).__qualname__}",
+            runner_class=type(runner).__name__,
+            requests=runner.initpipe_requests() if pipelined else [],
+            kv_bytes=_kv_bytes(runner),
+            kv_in_place=runner.initpipe_kv_in_place() if pipelined else None,
+            num_blocks=runner.cache_config.num_gpu_blocks,
+            available_memory=_available_memory(worker),
+            rss=_rss(),
+            froze_heap=froze,
+        ).to_dict()
     except Exception as err:
-        return _failure(rank, err, "status")
+        return _failure(rank, err, "status").to_dict()
 
 
 def rank_requests(wrapper: Any) -> dict[str, Any]:
     """The requests this rank's runner still holds (cheap: asked again after the pause)."""
     worker, rank = _worker(wrapper)
     try:
-        return {"ok": True, "rank": rank, "requests": worker.model_runner.initpipe_requests()}
+        return RankRequests(rank=rank, requests=worker.model_runner.initpipe_requests()).to_dict()
     except Exception as err:
-        return _failure(rank, err, "status")
+        return _failure(rank, err, "status").to_dict()
 
 
 def rank_teardown(wrapper: Any) -> dict[str, Any]:
@@ -198,17 +207,16 @@ def rank_teardown(wrapper: Any) -> dict[str, Any]:
         graphs = runner.initpipe_release_cuda_graphs()
         runner.initpipe_release_kv_cache()
         trim_memory()
-        return {
-            "ok": True,
-            "rank": rank,
-            "bytes_freed": freed,
-            "graphs_released": graphs,
-            "seconds": time.perf_counter() - start,
-            "rss_before": rss_before,
-            "rss_after": _rss(),
-        }
+        return RankTeardown(
+            rank=rank,
+            bytes_freed=freed,
+            graphs_released=graphs,
+            seconds=time.perf_counter() - start,
+            rss_before=rss_before,
+            rss_after=_rss(),
+        ).to_dict()
     except Exception as err:
-        return _failure(rank, err, "teardown")
+        return _failure(rank, err, "teardown").to_dict()
 
 
 @vllm_uses(
@@ -242,20 +250,16 @@ def rank_initialize(wrapper: Any, kv_cache_configs: list[Any]) -> dict[str, Any]
             raise RuntimeError(f"rank {rank}'s runner still holds requests {held}")
         with _vllm_config(worker):
             worker.initialize_from_config(kv_cache_configs[rank])
-        return {
-            "ok": True,
-            "rank": rank,
-            "bytes_allocated": _kv_bytes(runner),
-            "seconds": time.perf_counter() - start,
-        }
+        return RankAllocation(
+            rank=rank, bytes_allocated=_kv_bytes(runner), seconds=time.perf_counter() - start
+        ).to_dict()
     except Exception as err:
-        status = _failure(rank, err, "kv_phase")
+        failure = _failure(rank, err, "kv_phase")
         with contextlib.suppress(Exception):
             if worker.model_runner.initpipe_kv_in_place():
                 worker.model_runner.initpipe_release_kv_cache()
         trim_memory()
-        status["seconds"] = time.perf_counter() - start
-        return status
+        return attrs.evolve(failure, seconds=time.perf_counter() - start).to_dict()
 
 
 @vllm_uses(
@@ -304,11 +308,8 @@ def rank_warm_up(wrapper: Any) -> dict[str, Any]:
         with _vllm_config(worker), _workspace_unlocked():
             worker.compile_or_warm_up_model()
         trim_memory()
-        return {
-            "ok": True,
-            "rank": rank,
-            "seconds": time.perf_counter() - start,
-            "rss_after": _rss(),
-        }
+        return RankWarmUp(
+            rank=rank, seconds=time.perf_counter() - start, rss_after=_rss()
+        ).to_dict()
     except Exception as err:
-        return _failure(rank, err, "warmup")
+        return _failure(rank, err, "warmup").to_dict()

@@ -221,15 +221,17 @@ def test_the_mrv2_graph_release_drops_every_managers_graphs() -> None:
 def test_a_rank_that_cannot_report_its_requests_refuses_the_resize() -> None:
     """Only a rank that answered and holds nothing lets a resize go on: a failed status
     (an unknown runner state) refuses it as surely as held requests do."""
-    from initpipe_vllm.resize.engine import _check_runners_idle
+    from initpipe_vllm.resize.records import RankFailure, RankRequests
+    from initpipe_vllm.resize.steps import check_runners_idle
 
-    _check_runners_idle([{"ok": True, "rank": 0, "requests": []}])
-    failed = {"ok": False, "rank": 1, "error": "AttributeError: no req_states"}
+    idle = RankRequests(rank=0, requests=[])
+    check_runners_idle([idle])
+    failed = RankFailure(rank=1, step="status", error="AttributeError: no req_states")
     with pytest.raises(ResizeRefusedError, match="rank 1 could not report") as info:
-        _check_runners_idle([{"ok": True, "rank": 0, "requests": []}, failed])
+        check_runners_idle([idle, failed])
     assert info.value.step == "requests" and "no req_states" in str(info.value)
     with pytest.raises(ResizeRefusedError, match=r"rank 0's runner still holds requests \['r1'\]"):
-        _check_runners_idle([{"ok": True, "rank": 0, "requests": ["r1"]}])
+        check_runners_idle([RankRequests(rank=0, requests=["r1"])])
 
 
 def test_both_pipelined_runners_are_driven_through_one_interface() -> None:
@@ -292,3 +294,132 @@ def test_held_steps_admit_each_request_and_its_first_token_then_hold(tmp_path: A
     assert not held(core(tokens=(1,), pause=PauseState.PAUSED_NEW), path)  # the pause ends it
     assert not held(core(tokens=(1,), pause=PauseState.PAUSED_ALL), path)
     assert install_from_env({}) is False and install_from_env({"INITPIPE_HOLD_STEPS": " "}) is False
+
+
+# -- the live-transaction driver and the rank records (no engine) -------------------------
+def _txn(log: list[str], fail: str | None = None, bad_undo: str | None = None) -> Any:
+    from initpipe_vllm.resize.txn import Step, Transaction
+
+    def act(name: str) -> Any:
+        def do(ctx: list[str]) -> None:
+            ctx.append(f"do {name}")
+            if name == fail:
+                raise RuntimeError(f"{name} broke")
+
+        return do
+
+    def undo(name: str) -> Any:
+        def back(ctx: list[str]) -> None:
+            ctx.append(f"undo {name}")
+            if name == bad_undo:
+                raise OSError(f"{name} cannot go back")
+
+        return back
+
+    return Transaction(
+        name="demo",
+        pause=Step(name="pause", do=act("pause"), undo=undo("pause")),
+        steps=(
+            Step(name="a", do=act("a"), undo=undo("a")),
+            Step(name="b", do=act("b")),
+            Step(name="c", do=act("c"), undo=undo("c")),
+        ),
+        commit=lambda ctx: ctx.append("commit"),
+    )
+
+
+def test_the_driver_runs_pause_steps_commit_in_order() -> None:
+    from initpipe_vllm.resize.txn import drive
+
+    log: list[str] = []
+    drive(_txn(log), log)
+    assert log == ["do pause", "do a", "do b", "do c", "commit"]
+
+
+def test_a_failed_step_is_undone_with_every_step_before_it_newest_first() -> None:
+    """The failed step's own undo runs too (its do may have changed part of the engine);
+    a step without an undo is left to an earlier one's; the pause is lifted last."""
+    from initpipe_vllm.resize.txn import TransactionFailed, drive
+
+    log: list[str] = []
+    with pytest.raises(TransactionFailed, match="demo failed at step 'c'") as info:
+        drive(_txn(log, fail="c"), log)
+    assert log == ["do pause", "do a", "do b", "do c", "undo c", "undo a", "undo pause"]
+    err = info.value
+    assert (err.step, err.completed, err.rolled_back) == ("c", ("a", "b"), ("c", "a"))
+    assert err.rolled_back_cleanly and err.__cause__ is err.cause
+    assert str(err.cause) == "c broke" and "completed: a, b" in str(err)
+
+
+def test_every_undo_runs_when_one_fails_and_the_failure_is_reported() -> None:
+    from initpipe_vllm.resize.txn import TransactionFailed, drive
+
+    log: list[str] = []
+    with pytest.raises(TransactionFailed, match="rollback of 'c' failed: OSError") as info:
+        drive(_txn(log, fail="c", bad_undo="c"), log)
+    assert log[-3:] == ["undo c", "undo a", "undo pause"]
+    assert not info.value.rolled_back_cleanly
+    assert [(s, type(e)) for s, e in info.value.rollback_errors] == [("c", OSError)]
+
+
+def test_a_failed_pause_propagates_as_it_is_with_nothing_undone() -> None:
+    from initpipe_vllm.resize.txn import drive
+
+    log: list[str] = []
+    with pytest.raises(RuntimeError, match="pause broke"):
+        drive(_txn(log, fail="pause"), log)
+    assert log == ["do pause"]
+
+
+def test_a_transaction_with_two_steps_of_one_name_is_refused() -> None:
+    from initpipe_vllm.resize.txn import Step, Transaction
+
+    step = Step(name="same", do=print)
+    with pytest.raises(ValueError, match=r"distinct names; given twice: \['same'\]"):
+        Transaction(name="t", pause=step, steps=(step, step), commit=print)
+
+
+def test_resize_release_and_resume_are_step_lists_on_the_driver() -> None:
+    """One undo brings the ranks back: the old cache's teardown's (resize, release), the KV
+    phase's when there is no old cache (resume)."""
+    from initpipe_vllm.resize.steps import TRANSACTIONS
+
+    lists = {
+        name: [(s.name, s.undo is not None) for s in t.steps] for name, t in TRANSACTIONS.items()
+    }
+    assert lists == {
+        "resize": [
+            ("teardown", True),
+            ("kv_phase", False),
+            ("warmup", False),
+            ("scheduler", False),
+        ],
+        "release": [("teardown", True)],
+        "resume": [("kv_phase", True), ("warmup", False), ("scheduler", False)],
+    }
+    undo = TRANSACTIONS["resize"].steps[0].undo
+    assert TRANSACTIONS["resume"].steps[0].undo is undo
+
+
+def test_rank_records_cross_as_plain_data_and_a_failure_reads_back_as_one() -> None:
+    from initpipe_vllm.resize.records import RankFailure, RankRequests, RankTeardown
+
+    torn = RankTeardown(
+        rank=1, bytes_freed=8, graphs_released=0, seconds=0.5, rss_before=None, rss_after=3
+    )
+    wire = pickle.loads(pickle.dumps(torn.to_dict()))
+    assert wire["ok"] is True and RankTeardown.from_dict(wire) == torn
+    failed = RankFailure(rank=1, step="teardown", error="OSError: gone")
+    assert failed.to_dict()["ok"] is False
+    assert RankTeardown.from_dict(failed.to_dict()) == failed  # whichever record was asked
+    assert RankRequests.from_dict({"ok": True, "rank": 0, "requests": ["r"]}).requests == ["r"]
+
+
+def test_a_rank_answer_that_is_not_its_record_names_the_keys() -> None:
+    from initpipe_vllm.resize.records import RankRecordError, RankRequests
+
+    with pytest.raises(RankRecordError, match=r"not a RankRequests: missing \['requests'\], "):
+        RankRequests.from_dict({"ok": True, "rank": 0, "reqs": []})
+    with pytest.raises(RankRecordError, match=r"unknown \['reqs'\]") as info:
+        RankRequests.from_dict({"ok": True, "rank": 0, "requests": [], "reqs": []})
+    assert (info.value.record, info.value.missing) == ("RankRequests", [])
