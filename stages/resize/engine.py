@@ -129,6 +129,7 @@ def _check_engine(core: Any, statuses: list[RankStatus | RankFailure]) -> list[R
         ) from None
     if not found.ok:
         raise refuse("engine", found.describe())
+    engine_state(core).release = found.release
     parallel = core.vllm_config.parallel_config
     if parallel.data_parallel_size > 1:
         raise refuse(

@@ -78,6 +78,8 @@ class EngineState:
     busy: str | None = None
     #: which vLLM model runner the workers run ("v1" or "v2"), read from rank 0 once
     model_runner: str | None = None
+    #: the vLLM release the contract matched (``Verdict.release``), read at each check
+    release: str | None = None
 
 
 def engine_state(core: Any) -> EngineState:
