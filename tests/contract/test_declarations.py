@@ -167,7 +167,7 @@ def test_a_declared_functions_calls_cover_its_vllm_imports(func: Any) -> None:
 def test_the_checker_sees_imports() -> None:
     # so that the coverage tests above cannot pass by reading nothing
     from initpipe import get_spec
-    from initpipe_vllm import kv_tensors
+    from initpipe_vllm.v1 import kv_tensors
 
     spec = get_spec(kv_tensors.runner_kv_caches)
     assert spec is not None
