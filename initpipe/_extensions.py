@@ -9,7 +9,9 @@ Installing a package changes nothing by itself: an extension takes effect only w
 enabled, with ``INITPIPE_EXTENSIONS=my_alloc,other`` (or ``all``) in the environment, or
 through the API (``pipeline.with_extensions(["my_alloc"])``, ``apply_extensions``).
 A single stage function replaces the stage of the same name if there is one, else it is
-added. Every change is validated like any stage; a failure names the package.
+added. An :class:`Extension` may also remove stages by name (a host's variant that drops a
+step, or that provides other outputs: remove, then add). Every change is validated like
+any stage; a failure names the package.
 
 An :class:`Extension` may name the pipelines it is written for (``applies_to``, pipeline
 names such as ``"initpipe_vllm"`` for vLLM's v1 catalog or ``"initpipe_vllm.mrv2"`` for
@@ -55,6 +57,7 @@ class Extensible(Protocol):
     @property
     def specs(self) -> Mapping[str, StageSpec]: ...
     def replace(self, name: str, new: Any, *, package: str | None = None) -> Self: ...
+    def remove(self, *names: str) -> Self: ...
     def add(
         self,
         new: Any,
@@ -68,6 +71,11 @@ class Extensible(Protocol):
 P = TypeVar("P", bound=Extensible)
 
 
+def _stage_names(names: str | Iterable[str]) -> tuple[str, ...]:
+    """One stage name or several, as a tuple (a lone string is one name, not letters)."""
+    return (names,) if isinstance(names, str) else tuple(names)
+
+
 @attrs.frozen(kw_only=True)
 class Extension:
     """A set of changes to a pipeline, brought by one package.
@@ -76,6 +84,9 @@ class Extension:
         name: the extension's name (its entry-point name when loaded from a package).
         replace: stage name -> replacement stage (same outputs and phase).
         add: stages to add; place them with their own ``after=``/``before=``.
+        remove: names of stages to remove, all at once: no stage left may read their
+            outputs or be ordered against them (remove its readers too, then add the
+            variants). Applied first: remove, then replace, then add.
         package: the distribution that brought it (filled in when loaded from one).
         applies_to: names of the pipelines it changes (``Pipeline.name``); empty: every
             pipeline it is enabled on. Any other pipeline is returned unchanged.
@@ -84,6 +95,11 @@ class Extension:
     name: str
     replace: dict[str, Any] = attrs.field(factory=dict, converter=dict)
     add: tuple[Any, ...] = attrs.field(default=(), converter=tuple)
+    remove: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=_stage_names,
+        validator=attrs.validators.deep_iterable(attrs.validators.instance_of(str)),
+    )
     package: str | None = None
     applies_to: tuple[str, ...] = attrs.field(
         default=(),
@@ -147,8 +163,9 @@ def load_extension(name: str, eps: Mapping[str, metadata.EntryPoint] | None = No
 def apply_extensions(pipeline: P, extensions: Iterable[Extension]) -> P:
     """Return ``pipeline`` with each extension applied in turn.
 
-    A stage in ``add`` whose name already exists replaces that stage. An extension whose
-    ``applies_to`` does not name ``pipeline`` is skipped.
+    Each extension removes, then replaces, then adds. A stage in ``add`` whose name already
+    exists replaces that stage. An extension whose ``applies_to`` does not name
+    ``pipeline`` is skipped.
 
     Raises:
         ExtensionError: a change is invalid; names the extension and package, and chains the
@@ -159,6 +176,8 @@ def apply_extensions(pipeline: P, extensions: Iterable[Extension]) -> P:
             continue
         who = f"extension {ext.name!r}" + (f" from package {ext.package!r}" if ext.package else "")
         try:
+            if ext.remove:
+                pipeline = pipeline.remove(*ext.remove)
             for name, new in ext.replace.items():
                 pipeline = pipeline.replace(name, new, package=ext.package or ext.name)
             for new in ext.add:

@@ -41,7 +41,7 @@ class Pipeline:
 
     Immutable: the graph is frozen (``nx.freeze``), ``specs``, ``inputs``, ``kept_inputs``
     and ``producers_by_stage`` are read-only mappings, ``order`` returns a copy; derive
-    variants with :meth:`replace`, :meth:`add` and :meth:`with_extensions`.
+    variants with :meth:`replace`, :meth:`add`, :meth:`remove` and :meth:`with_extensions`.
 
     Args:
         stages: ``@stage`` functions (or StageSpecs), in any order.
@@ -202,6 +202,17 @@ class Pipeline:
             raise StageDeclarationError(msg, stage=spec.qualname, field="provides")
         spec = _evolve(spec, name=name, package=package)
         return self._rebuild([spec if n == name else s for n, s in self.specs.items()])
+
+    def remove(self, *names: str) -> Pipeline:
+        """Return a new pipeline without the stages ``names`` (validated once all are gone).
+
+        Raises:
+            UnknownStageNameError: no stage called one of ``names`` (with suggestions).
+            PipelineValidationError: a remaining stage reads an output of a removed stage
+                or is ordered against one (remove it too, or replace it first).
+        """
+        gone = {self.stage(name).name for name in names}
+        return self._rebuild([s for n, s in self.specs.items() if n not in gone])
 
     def add(
         self,

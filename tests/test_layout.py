@@ -6,11 +6,16 @@ Layers, lowest first:
 
 - ``initpipe``: core (``initpipe``, ``initpipe._*``, ``errors``, ``files``, ``testing``)
   <- ``initpipe.view`` <- ``initpipe.cli``;
-- ``initpipe_vllm``: the catalog (the package, its stage modules, ``types``, ``errors``)
-  <- ``contract`` (what the catalog mirrors of vLLM, and the check; ``compat``, the vLLM
-  calls that move between releases bound once, sits beside it) <- ``hook`` (with the
-  ``worker``/``runner`` re-exports) <- ``resize`` <- ``serve`` <- ``testing``
-  (with the ``pytest_plugin`` re-export) <- ``tools``;
+- ``initpipe_vllm``: the catalog level <- ``contract`` (what the catalogs mirror of vLLM,
+  and the check; ``compat``, the vLLM calls that move between releases bound once and
+  declared through the contract, sits beside it) <- ``hook`` (with the ``worker``/``runner`` re-exports) <- ``resize`` <-
+  ``serve`` <- ``testing`` (with the ``pytest_plugin`` re-export) <- ``tools``;
+- the catalog level, in its own order: the leaves (``errors``, ``vllm_names``)
+  <- the shared machinery (``catalogs``, the ``releases`` index) <- the catalogs, siblings
+  (``v1``, ``mrv2``: one may import the other's stage modules to re-spec a shared body,
+  never its package, and never both ways) <- the release modules (``releases.v0_32_0``:
+  overlays on the catalogs' stages) <- the facade (the package ``initpipe_vllm`` itself,
+  which defines nothing: it re-exports);
 - one exception, declared in :data:`FACADES`: the package ``initpipe_vllm`` re-exports the
   public resize API from ``resize`` lazily (PEP 562 ``__getattr__``). Imports inside a
   facade's module-level ``__getattr__`` run only when the name is looked up, never at
@@ -110,21 +115,33 @@ def _graph() -> nx.DiGraph:
     return g
 
 
-def _layer(mod: str) -> tuple[int, int]:
+#: ``initpipe_vllm``'s layers, lowest first: (pattern, (layer, order inside the layer)).
+#: No catch-all: a new module at the catalog level must be placed here.
+VLLM_LAYERS = [
+    (r"initpipe_vllm\.tools\b", (6, 0)),
+    (r"initpipe_vllm\.(testing|pytest_plugin)\b", (5, 0)),
+    (r"initpipe_vllm\.serve\b", (4, 0)),
+    (r"initpipe_vllm\.resize\b", (3, 0)),
+    (r"initpipe_vllm\.(hook|worker|runner)\b", (2, 0)),
+    (r"initpipe_vllm\.(contract|compat)\b", (1, 0)),
+    (r"initpipe_vllm\.releases\.\w+$", (0, 3)),
+    (r"initpipe_vllm\.(v1|mrv2)\b", (0, 2)),
+    (r"initpipe_vllm\.(catalogs|releases)$", (0, 1)),
+    (r"initpipe_vllm\.(errors|vllm_names)$", (0, 0)),
+    (r"initpipe_vllm$", (0, 4)),
+]
+#: The catalog packages: siblings at the catalog level.
+CATALOGS = ("initpipe_vllm.v1", "initpipe_vllm.mrv2")
+
+
+def _layer(mod: str) -> tuple[int, tuple[int, int]]:
     """(package, layer): a module may import only its own package's layers at or below."""
     if mod.startswith("initpipe_vllm"):
-        rules = [
-            (r"initpipe_vllm\.tools\b", 6),
-            (r"initpipe_vllm\.(testing|pytest_plugin)\b", 5),
-            (r"initpipe_vllm\.serve\b", 4),
-            (r"initpipe_vllm\.resize\b", 3),
-            (r"initpipe_vllm\.(hook|worker|runner)\b", 2),
-            (r"initpipe_vllm\.(contract|compat)\b", 1),
-            (r"initpipe_vllm\b", 0),
-        ]
-        return 1, next(n for pat, n in rules if re.match(pat, mod))
+        found = [n for pat, n in VLLM_LAYERS if re.match(pat, mod)]
+        assert found, f"{mod} has no layer: place it in VLLM_LAYERS"
+        return 1, found[0]
     rules = [(r"initpipe\.cli\b", 2), (r"initpipe\.view\b", 1), (r"initpipe\b", 0)]
-    return 0, next(n for pat, n in rules if re.match(pat, mod))
+    return 0, (next(n for pat, n in rules if re.match(pat, mod)), 0)
 
 
 def test_the_import_graph_is_read() -> None:
@@ -133,7 +150,9 @@ def test_the_import_graph_is_read() -> None:
     assert ("initpipe._pipeline", "initpipe._run") in g.edges
     assert ("initpipe.cli.graph", "initpipe.view.export") in g.edges
     assert ("initpipe_vllm.worker", "initpipe_vllm.hook.worker") in g.edges
-    assert ("initpipe_vllm.kv_phase", "initpipe") in g.edges
+    assert ("initpipe_vllm.v1.kv_phase", "initpipe") in g.edges
+    assert ("initpipe_vllm.mrv2.kv_phase", "initpipe_vllm.v1.kv_phase") in g.edges
+    assert ("initpipe_vllm", "initpipe_vllm.catalogs") in g.edges
     assert g.number_of_edges() > 80
 
 
@@ -149,6 +168,41 @@ def test_imports_point_down(mod: str) -> None:
         dep for dep in _imports(mod) if _layer(dep)[0] == package and _layer(dep)[1] > layer
     )
     assert up == [], f"{mod} imports a higher layer: {up}"
+
+
+def test_every_module_has_a_layer() -> None:
+    for mod in MODULES:
+        _layer(mod)  # fails naming the module
+
+
+def _catalog_of(mod: str) -> str | None:
+    return next((c for c in CATALOGS if mod == c or mod.startswith(c + ".")), None)
+
+
+def test_the_catalogs_are_siblings() -> None:
+    """A catalog may import another's stage modules (to re-spec a shared body), never its
+    package (its CatalogDef), and no two catalogs import each other."""
+    crossing = {
+        (_catalog_of(m), d)
+        for m, d in _graph().edges
+        if _catalog_of(m) and _catalog_of(d) and _catalog_of(m) != _catalog_of(d)
+    }
+    assert [d for _, d in crossing if d in CATALOGS] == []
+    pairs = {(src, _catalog_of(d)) for src, d in crossing}
+    assert [(a, b) for a, b in pairs if (b, a) in pairs] == []
+
+
+def test_the_root_package_is_only_a_facade() -> None:
+    """``initpipe_vllm/__init__.py`` defines no function but the lazy ``__getattr__``, no
+    class and no stage: the catalogs live in their folders, the machinery in catalogs.py."""
+    tree = ast.parse(MODULES["initpipe_vllm"].read_text())
+    defined = [
+        node.name
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and node.name != "__getattr__"
+    ]
+    assert defined == []
 
 
 @pytest.mark.parametrize("facade", sorted(FACADES))

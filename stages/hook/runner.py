@@ -38,7 +38,10 @@ from initpipe.testing import ENV_FAULT, inject_faults_from_env
 
 from ..contract.declare import vllm_uses
 from ..errors import UnsupportedRunnerError
-from ..types import InputBatchGeometry, RunnerSettings
+from ..v1.types import InputBatchGeometry, RunnerSettings
+from ..vllm_names import MRV2_RUNNER as _RUNNER_V2
+from ..vllm_names import PLATFORM as _PLATFORM
+from ..vllm_names import V1_RUNNER as _RUNNER
 from .progress import log_phase, phase_spans
 
 __all__ = [
@@ -59,11 +62,8 @@ __all__ = [
 
 # vLLM names for the declarations (``module:qualname``): v1's runner, and Model Runner V2's
 # (whose methods the shared host wraps too).
-_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 _CPU_RUNNER = "vllm.v1.worker.cpu_model_runner:CPUModelRunner"
-_RUNNER_V2 = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
 _CACHE_CONFIG = "vllm.config.cache:CacheConfig"
-_PLATFORM = "vllm.platforms.interface:Platform"
 
 
 # -- reading the runner: the pipeline's external inputs -----------------------------------

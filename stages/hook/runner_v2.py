@@ -40,6 +40,10 @@ from initpipe import KV, PhaseOrderError, Pipeline, Run, StageError
 
 from ..contract.declare import vllm_uses
 from ..mrv2.types import BlockTableGeometry, RunnerV2Settings
+from ..vllm_names import MODEL_STATE as _MODEL_STATE
+from ..vllm_names import MRV2_RUNNER as _RUNNER
+from ..vllm_names import MRV2_RUNNER_MODULE as _MRV2_LOGGER
+from ..vllm_names import MRV2_TEARDOWN as _TEARDOWN
 from .progress import log_phase, phase_spans
 from .runner import TRACE_MAX_RECORDS, PipelineHost, start_run
 
@@ -57,13 +61,9 @@ __all__ = [
     "start_inputs_v2",
 ]
 
-_MRV2_LOGGER = "vllm.v1.worker.gpu.model_runner"
 
 # vLLM names for the declarations (``module:qualname``).
-_RUNNER = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
 _CG = "vllm.v1.worker.gpu.cudagraph_utils"
-_TEARDOWN = f"{_CG}:_teardown_profiling_state"
-_MODEL_STATE = "vllm.v1.worker.gpu.model_states.interface:ModelState"
 _ENCODER_RUNNER = "vllm.v1.worker.gpu.mm.encoder_runner:EncoderRunner"
 _LORA = "vllm.v1.worker.lora_model_runner_mixin:LoRAModelRunnerMixin"
 _NUM_GPU_BLOCKS = "vllm.config.cache:CacheConfig.num_gpu_blocks"

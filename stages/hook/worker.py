@@ -30,6 +30,7 @@ import attrs
 
 from ..contract.declare import Capability, vllm_uses
 from ..errors import UnsupportedRunnerError
+from ..vllm_names import PLATFORM as _PLATFORM
 from .runner import pipelined_runner_class
 from .runner_v2 import pipelined_runner_v2_class
 
@@ -76,7 +77,6 @@ _WORKER = "vllm.v1.worker.gpu_worker:Worker"
 _CPU = "vllm.v1.worker.cpu_worker:CPUWorker"
 _XPU = "vllm.v1.worker.xpu_worker:XPUWorker"
 _VLLM_CONFIG = "vllm.config.vllm:VllmConfig"
-_PLATFORM = "vllm.platforms.interface:Platform"
 _CURRENT_PLATFORM = "vllm.platforms:current_platform"
 _USE_V2_ENV = "vllm.envs:VLLM_USE_V2_MODEL_RUNNER"
 #: Where each platform resolves ``worker_cls="auto"`` to its stock worker.

@@ -2,13 +2,16 @@
 
 What belongs here: MRv2's initialization (``vllm/v1/worker/gpu/model_runner.py``,
 ``GPUModelRunner``; on CPU its subclass ``vllm/v1/worker/cpu/model_runner.py``) rebuilt as
-stages that call vLLM's own building blocks whole — and nothing else. A separate package
-from the v1 catalog (``initpipe_vllm``): ``Pipeline.from_module("initpipe_vllm")`` never
-sees these stages, and no v1 stage function is decorated a second time (a second ``@stage``
-would overwrite the spec on the same object). No v1 stage is shared: every candidate
-differs in its inputs or its edges (MRv2's ``attention_cp_compatible`` takes the target's
-layer names and runs in the KV phase; its Mamba SSU backend runs before the CUDA-graph mode,
-v1's after; its KV tensors come from ``init_kv_cache`` whole).
+stages that call vLLM's own building blocks whole — and nothing else. A sibling of the v1
+catalog (:mod:`initpipe_vllm.v1`): ``Pipeline.from_module("initpipe_vllm")`` never sees
+these stages. Where vLLM's two runners run the same code, the v1 stage's body is shared,
+re-specced for MRv2 with ``attrs.evolve`` (:func:`initpipe_vllm.catalogs.respec`: its
+edges and the runner it mirrors), never decorated a second time (a second ``@stage`` would
+overwrite the spec on the same object): ``mamba_ssu_backend`` (before the CUDA-graph mode
+here, after it in v1) and the zeroer's teardown. The others differ in what vLLM passes
+(MRv2's ``attention_cp_compatible`` checks the target's layers only and runs in the KV
+phase; its ``KVBlockZeroer`` skips no runner-only layer; its KV tensors come from
+``init_kv_cache`` whole).
 
 - :mod:`.model_phase` — what ``load_model`` builds after the weights, run inside
   ``load_model`` (MRv2 reads the block size there); and :func:`kv_cache_spec`, the
@@ -18,9 +21,11 @@ v1's after; its KV tensors come from ``init_kv_cache`` whole).
   connectors and the KV block zeroer (``_init_kv_zero_meta``);
 - :mod:`.types` — the plain records the stages read instead of runner attributes.
 
-The runner adapter that writes the outputs onto vLLM's runner is
-:mod:`initpipe_vllm.hook.runner_v2`. Importing this package imports neither torch nor
-vllm: ``initpipe graph initpipe_vllm.mrv2:pipeline`` draws it at once.
+:data:`CATALOG` and :data:`SPEC_CATALOG` declare the two pipelines;
+:mod:`initpipe_vllm.catalogs` builds them per vLLM release. The runner adapter that writes
+the outputs onto vLLM's runner is :mod:`initpipe_vllm.hook.runner_v2`. Importing this
+package imports neither torch nor vllm: ``initpipe graph initpipe_vllm.mrv2:pipeline``
+draws it at once.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from typing import Any
 
 from initpipe import REQUIRED, Pipeline
 
+from .. import catalogs
+from ..catalogs import CatalogDef, build
+from ..releases import DEFAULT_RELEASE
 from . import kv_phase as _kv_phase
 from . import kv_tensors as _kv_tensors
 from . import model_phase as _model_phase
@@ -103,26 +111,25 @@ STAGES = MODEL_STAGES + KV_STAGES
 #: The start inputs of :func:`spec_pipeline` (its model phase has no external input).
 SPEC_INPUTS = ("vllm_config", "speculator", "runner_settings")
 
-_CATALOG: Pipeline | None = None
-_SPEC: Pipeline | None = None
-_EXTENDED: dict[tuple[str, ...] | str, Pipeline] = {}
+#: The MRv2 catalog as data, and its one-stage ``get_kv_cache_spec`` pipeline: built per
+#: release by :func:`initpipe_vllm.catalogs.build`.
+CATALOG = CatalogDef(name="initpipe_vllm.mrv2", stages=STAGES, inputs=INITPIPE_INPUTS)
+SPEC_CATALOG = CatalogDef(
+    name="initpipe_vllm.mrv2.spec",
+    stages=(_model_phase.kv_cache_spec,),
+    inputs={"start": SPEC_INPUTS, "model": (), "kv_cache_config": ()},
+)
 
 
-def base_catalog() -> Pipeline:
-    """The stock vLLM 0.32.0 Model Runner V2 initialization pipeline, without extensions."""
-    global _CATALOG
-    if _CATALOG is None:
-        _CATALOG = Pipeline(
-            STAGES,
-            start_inputs=INITPIPE_INPUTS["start"],
-            model_inputs=INITPIPE_INPUTS["model"],
-            kv_inputs=INITPIPE_INPUTS["kv_cache_config"],
-            name="initpipe_vllm.mrv2",
-        )
-    return _CATALOG
+def base_catalog(*, release: str = DEFAULT_RELEASE) -> Pipeline:
+    """The stock Model Runner V2 initialization pipeline of vLLM ``release``, without
+    extensions (built once per release)."""
+    return build(CATALOG, release)
 
 
-def catalog(extensions: list[str] | str | None = None) -> Pipeline:
+def catalog(
+    extensions: list[str] | str | None = None, *, release: str = DEFAULT_RELEASE
+) -> Pipeline:
     """The MRv2 pipeline with the enabled extensions that target it.
 
     Args:
@@ -130,27 +137,18 @@ def catalog(extensions: list[str] | str | None = None) -> Pipeline:
             None to read ``INITPIPE_EXTENSIONS``. An extension applies to the catalog whose
             stages it replaces or extends; see the README ("Extensions and the two
             catalogs").
+        release: a vLLM release of ``initpipe_vllm.releases.RELEASES``.
 
     Raises:
         initpipe.ExtensionError: an enabled extension is missing or breaks the graph.
+        UnsupportedRunnerError: an unknown release.
     """
-    from .. import _with_enabled_extensions
-
-    return _with_enabled_extensions(base_catalog(), _EXTENDED, extensions)
+    return catalogs.catalog(extensions, runner="mrv2", release=release)
 
 
-def spec_pipeline() -> Pipeline:
+def spec_pipeline(*, release: str = DEFAULT_RELEASE) -> Pipeline:
     """The one-stage pipeline of ``get_kv_cache_spec``: run after the block size is final."""
-    global _SPEC
-    if _SPEC is None:
-        _SPEC = Pipeline(
-            (_model_phase.kv_cache_spec,),
-            start_inputs=SPEC_INPUTS,
-            model_inputs=(),
-            kv_inputs=(),
-            name="initpipe_vllm.mrv2.spec",
-        )
-    return _SPEC
+    return build(SPEC_CATALOG, release)
 
 
 def __getattr__(name: str) -> Any:
@@ -161,9 +159,11 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "CATALOG",
     "INITPIPE_INPUTS",
     "KV_STAGES",
     "MODEL_STAGES",
+    "SPEC_CATALOG",
     "SPEC_INPUTS",
     "STAGES",
     "base_catalog",

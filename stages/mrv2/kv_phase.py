@@ -30,18 +30,20 @@ from typing import TYPE_CHECKING, Any
 
 from initpipe import KV, stage
 
+from ..catalogs import respec
+from ..v1 import kv_phase as _v1_kv_phase
+from ..vllm_names import DRAFT_SPECULATOR as _DRAFT
+from ..vllm_names import MODEL_STATE as _MODEL_STATE
+from ..vllm_names import MRV2_RUNNER as _RUNNER
 from .types import BlockTableGeometry, RunnerV2Settings
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
-#: MRv2's runner, whose ``initialize_kv_cache`` the stages below replace
-#: (``meta["mirrors"]``), and the vLLM modules and classes they call into.
-_RUNNER = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
+#: The vLLM module and method the stages below call into (MRv2's runner, speculator and
+#: model state come from :mod:`initpipe_vllm.vllm_names`).
 _ATTN = "vllm.v1.worker.gpu.attn_utils"
-_DRAFT = "vllm.v1.worker.gpu.spec_decode.speculator:DraftModelSpeculator"
-_MODEL_STATE = "vllm.v1.worker.gpu.model_states.interface:ModelState"
 _JIT_ACTIVATE = "vllm.model_executor.warmup.jit_warmup:JitWarmupRegistry.activate"
 
 __all__ = [
@@ -350,10 +352,10 @@ def ubatch_runner(
     )
 
 
-@stage(
-    needs=KV,
+#: v1's stage, re-specced: the same vLLM call, before the CUDA-graph mode here (v1: after).
+mamba_ssu_backend = respec(
+    _v1_kv_phase.mamba_ssu_backend,
     after=("pcp_manager", "ubatch_runner"),
-    effects=("mamba ssu_dispatch globals",),
     meta={
         "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
         "calls": (
@@ -362,20 +364,6 @@ def ubatch_runner(
         ),
     },
 )
-def mamba_ssu_backend(vllm_config: VllmConfig, runner_kv_cache_config: KVCacheConfig) -> Any:
-    """Pick the Mamba SSU backend (a module global in vLLM); no-op without Mamba layers.
-
-    Returns the backend now selected. No teardown, as in stock (the global points at no
-    KV memory).
-    """
-    from vllm.model_executor.layers.mamba.ops import ssu_dispatch
-
-    ssu_dispatch.initialize_mamba_ssu_backend(
-        vllm_config.mamba_config,
-        runner_kv_cache_config,
-        use_replayssm=vllm_config.cache_config.use_replayssm,
-    )
-    return ssu_dispatch._mamba_ssu_backend
 
 
 @stage(

@@ -25,15 +25,18 @@ from typing import TYPE_CHECKING, Any
 
 from initpipe import KV, stage
 
+from ..v1.kv_tensors import disarm_zeroer
+from ..vllm_names import DRAFT_SPECULATOR as _DRAFT
+from ..vllm_names import MRV2_RUNNER as _RUNNER
+from ..vllm_names import MRV2_TEARDOWN as _TEARDOWN
+
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
-#: MRv2's runner, whose ``initialize_kv_cache`` / ``_init_kv_zero_meta`` the stages below
-#: replace (``meta["mirrors"]``); the teardowns reproduce pieces of ``_TEARDOWN``.
-_RUNNER = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
-_TEARDOWN = "vllm.v1.worker.gpu.cudagraph_utils:_teardown_profiling_state"
-_DRAFT = "vllm.v1.worker.gpu.spec_decode.speculator:DraftModelSpeculator"
+#: vLLM names only this module declares (MRv2's runner, whose ``initialize_kv_cache`` /
+#: ``_init_kv_zero_meta`` the stages replace, and ``_TEARDOWN``, whose pieces the teardowns
+#: reproduce, come from :mod:`initpipe_vllm.vllm_names`).
 _MAMBA_STATE = "vllm.v1.worker.gpu.model_states.mamba_hybrid:MambaHybridModelState"
 _ZEROER = "vllm.v1.worker.utils:KVBlockZeroer"
 _FORWARD_CONTEXT = "vllm.config.compilation:CompilationConfig.static_forward_context"
@@ -306,17 +309,10 @@ def aux_output_connector(
     return get_aux_output_connector(model, vllm_config, runner_kv_cache_config)
 
 
-def _disarm_zeroer(kv_block_zeroer: Any) -> None:
-    """Drop the zeroer's address table: a holder gets a no-op, never a write into freed
-    memory (``zero_block_ids`` returns when ``_meta`` is None)."""
-    if kv_block_zeroer is not None:
-        kv_block_zeroer._meta = None
-
-
 @stage(
     needs=KV,
     after=("aux_output_connector",),
-    teardown=_disarm_zeroer,
+    teardown=disarm_zeroer,
     meta={
         "mirrors": (
             f"{_RUNNER}._init_kv_zero_meta",

@@ -30,15 +30,14 @@ from typing import TYPE_CHECKING, Any
 from initpipe import MODEL, stage
 
 from ..errors import ModelPhaseError
+from ..vllm_names import MODEL_STATE as _MODEL_STATE
+from ..vllm_names import MRV2_RUNNER as _RUNNER
+from ..vllm_names import MRV2_RUNNER_MODULE
 from .types import RunnerV2Settings
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-#: MRv2's runner, whose ``load_model`` / ``get_kv_cache_spec`` the stages below replace
-#: (``meta["mirrors"]``), and the model-state interface they read.
-_RUNNER = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
-_MODEL_STATE = "vllm.v1.worker.gpu.model_states.interface:ModelState"
 
 __all__ = [
     "batch_sharder",
@@ -125,7 +124,7 @@ def batch_sharder(
 
     if not vllm_config.parallel_config.enable_batch_sharded_sampling:
         return None
-    logger = init_logger("vllm.v1.worker.gpu.model_runner")
+    logger = init_logger(MRV2_RUNNER_MODULE)
     if not hasattr(model, "compute_logits_local"):
         logger.warning_once(
             "Disabling batch-sharded sampling: %s does not implement compute_logits_local",

@@ -12,7 +12,7 @@ AUTHOR_TESTS = (
     + """
 
 def test_run_stage_names_missing_inputs(run_stage):
-    from initpipe_vllm.model_phase import kv_cache_spec
+    from initpipe_vllm.v1.model_phase import kv_cache_spec
     run_stage(kv_cache_spec, vllm_config=None)
 """
 )

@@ -206,7 +206,7 @@ def _engine_config_without(rig, sharer):
 
 
 def test_kv_sharing_target_that_does_not_exist_kv_phase(rig, model_outputs) -> None:
-    from initpipe_vllm.kv_phase import runner_kv_cache_config
+    from initpipe_vllm.v1.kv_phase import runner_kv_cache_config
 
     ghost = "model.layers.7.self_attn.attn"
     with pytest.raises(KVCacheConfigError, match=ghost) as info:
@@ -218,7 +218,7 @@ def test_kv_sharing_target_that_does_not_exist_kv_phase(rig, model_outputs) -> N
 
 
 def test_kv_sharing_target_that_does_not_exist_model_phase(rig, model_outputs) -> None:
-    from initpipe_vllm.model_phase import shared_kv_cache_layers
+    from initpipe_vllm.v1.model_phase import shared_kv_cache_layers
 
     layer = model_outputs["attention_layers"][L1]
     ghost = "model.layers.7.self_attn.attn"
@@ -232,7 +232,7 @@ def test_kv_sharing_target_that_does_not_exist_model_phase(rig, model_outputs) -
 
 
 def test_kv_sharing_target_without_a_tensor_at_allocation(rig, model_outputs) -> None:
-    from initpipe_vllm.kv_tensors import kv_caches
+    from initpipe_vllm.v1.kv_tensors import kv_caches
 
     with pytest.raises(KVCacheConfigError, match="got no KV cache tensor") as info:
         kv_caches({L0: object()}, {L1: "model.layers.7.self_attn.attn"})
@@ -245,8 +245,8 @@ def test_kv_sharing_target_after_its_sharer_is_accepted_as_stock_accepts_it(
 ) -> None:
     """Stock's get_kv_cache_spec has no order check (vLLM's Gemma4 MTP drafter shares a
     later-indexed layer); both phases accept it (stock-equality: tests/vllm/test_runner.py)."""
-    from initpipe_vllm.kv_phase import runner_kv_cache_config
-    from initpipe_vllm.model_phase import shared_kv_cache_layers
+    from initpipe_vllm.v1.kv_phase import runner_kv_cache_config
+    from initpipe_vllm.v1.model_phase import shared_kv_cache_layers
 
     layer = model_outputs["attention_layers"][L0]
     layer.kv_sharing_target_layer_name = L1
@@ -262,8 +262,8 @@ def test_kv_sharing_target_after_its_sharer_is_accepted_as_stock_accepts_it(
 
 @pytest.mark.parametrize("phase", ["model", "kv"])
 def test_kv_sharing_target_that_is_the_layer_itself(rig, model_outputs, phase) -> None:
-    from initpipe_vllm.kv_phase import runner_kv_cache_config
-    from initpipe_vllm.model_phase import shared_kv_cache_layers
+    from initpipe_vllm.v1.kv_phase import runner_kv_cache_config
+    from initpipe_vllm.v1.model_phase import shared_kv_cache_layers
 
     layers = model_outputs["attention_layers"]
     if phase == "kv":
@@ -283,7 +283,7 @@ def test_kv_sharing_target_that_is_the_layer_itself(rig, model_outputs, phase) -
 def test_kv_sharing_target_of_another_attention_type(rig, model_outputs) -> None:
     from vllm.v1.attention.backend import AttentionType
 
-    from initpipe_vllm.model_phase import shared_kv_cache_layers
+    from initpipe_vllm.v1.model_phase import shared_kv_cache_layers
 
     layers = model_outputs["attention_layers"]
     layers[L1].kv_sharing_target_layer_name = L0
@@ -299,7 +299,7 @@ def test_kv_sharing_target_of_another_attention_type(rig, model_outputs) -> None
 
 
 def test_a_bad_kv_cache_layout_name(rig) -> None:
-    from initpipe_vllm.kv_tensors import resolve_layout
+    from initpipe_vllm.v1.kv_tensors import resolve_layout
 
     with pytest.raises(KVCacheConfigError, match="'NCHW' is not a KVCacheLayout") as info:
         resolve_layout("NCHW", rig.cfg)

@@ -24,7 +24,7 @@ from waiting import HANG_S, WatchedLock, until
 
 from initpipe import KV, PhaseOrderError, stage
 from initpipe_vllm import catalog
-from initpipe_vllm.kv_tensors import allocated_kv_caches as real_allocation
+from initpipe_vllm.v1.kv_tensors import allocated_kv_caches as real_allocation
 
 
 class Probe:

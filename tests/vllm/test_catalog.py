@@ -5,8 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import initpipe_vllm
-from initpipe import KV, MODEL, REQUIRED, Pipeline
+from initpipe import KV, MODEL, REQUIRED, Extension, Pipeline, get_spec, stage
 from initpipe_vllm import catalog
 
 
@@ -140,3 +142,110 @@ def test_effects_declared_and_undone_only_where_stock_undoes_them() -> None:
 def test_every_stage_is_documented() -> None:
     for name, spec in catalog().specs.items():
         assert spec.doc, name
+
+
+# -- the catalogs per (runner, release): one module per release, built once ---------------
+def test_zero_argument_entry_points_return_the_memoized_catalogs() -> None:
+    import initpipe_vllm.mrv2 as mrv2
+    from initpipe_vllm import catalogs
+
+    v1 = catalogs.base_catalog(runner="v1", release="0.32.0")
+    assert initpipe_vllm.base_catalog() is v1 and catalog() is v1
+    assert initpipe_vllm.pipeline is v1  # what `initpipe graph initpipe_vllm:pipeline` draws
+    v2 = catalogs.catalog(runner="mrv2", release="0.32.0")
+    assert mrv2.base_catalog() is v2 and mrv2.catalog() is v2 and mrv2.pipeline is v2
+    assert mrv2.spec_pipeline() is mrv2.spec_pipeline(release="0.32.0")
+    assert (v1.name, v2.name, mrv2.spec_pipeline().name) == (
+        "initpipe_vllm",
+        "initpipe_vllm.mrv2",
+        "initpipe_vllm.mrv2.spec",
+    )
+
+
+def test_an_unknown_runner_or_release_is_refused_by_name() -> None:
+    from initpipe_vllm import UnsupportedRunnerError, catalogs
+
+    with pytest.raises(UnsupportedRunnerError, match=r"runner 'v3'.*'v1', 'mrv2'"):
+        catalogs.catalog(runner="v3")
+    with pytest.raises(UnsupportedRunnerError, match=r"release '0\.31\.0'.*v0_31_0\.py"):
+        catalogs.catalog(release="0.31.0")
+
+
+def test_the_registries_list_every_catalog_and_release() -> None:
+    """RUNNERS names every package that declares a CATALOG; RELEASES every release module,
+    each describing its own release, each overlay naming the catalog pipelines it changes."""
+    import importlib
+    import pkgutil
+
+    from initpipe_vllm import catalogs, releases
+
+    packages = {
+        info.name
+        for info in pkgutil.iter_modules(initpipe_vllm.__path__, "initpipe_vllm.")
+        if info.ispkg and hasattr(importlib.import_module(info.name), "CATALOG")
+    }
+    assert packages == set(catalogs.RUNNERS.values())
+    for runner, package in catalogs.RUNNERS.items():
+        assert catalogs.catalog_def(runner) is importlib.import_module(package).CATALOG
+    modules = {info.name for info in pkgutil.iter_modules(releases.__path__)}
+    assert modules == {releases.module_name(r) for r in releases.RELEASES}
+    names = {d.name for d in (catalogs.catalog_def(r) for r in catalogs.RUNNERS)}
+    names.add("initpipe_vllm.mrv2.spec")
+    for release in releases.RELEASES:
+        module = releases.release_module(release)
+        assert module.RELEASE == release
+        for overlay in module.OVERLAYS:
+            assert overlay.applies_to and set(overlay.applies_to) <= names, overlay.name
+    assert releases.DEFAULT_RELEASE in releases.RELEASES
+
+
+def test_a_release_is_a_module_whose_overlays_change_only_its_catalogs(monkeypatch) -> None:
+    """A release added as a module (here a stand-in): its overlay removes, replaces and
+    adds through the core's Extension; the other releases' catalogs stay as they are."""
+    import sys
+    import types
+
+    from initpipe_vllm import catalogs, releases
+
+    module = types.ModuleType("initpipe_vllm.releases.v99_0_0")
+    module.RELEASE = "99.0.0"
+    module.OVERLAYS = (
+        Extension(
+            name="vllm 99.0.0 (v1)",
+            applies_to=("initpipe_vllm",),
+            remove=("attention_cp_compatible",),
+            replace={"reorder_batch_threshold": threshold_variant},
+            add=(release_probe,),
+        ),
+    )
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(releases, "RELEASES", (*releases.RELEASES, "99.0.0"))
+    new = catalogs.catalog(release="99.0.0")
+    assert new is catalogs.catalog(release="99.0.0")  # memoized per release too
+    old = catalog()
+    assert set(new.order) ^ set(old.order) == {"attention_cp_compatible", "release_probe"}
+    assert new.specs["reorder_batch_threshold"].func is threshold_variant
+    assert catalogs.catalog(runner="mrv2", release="99.0.0").order == (
+        catalogs.catalog(runner="mrv2").order
+    )
+
+
+@stage(needs="kv_cache_config", provides="reorder_batch_threshold")
+def threshold_variant(attn_groups):
+    """A stand-in release variant of ``reorder_batch_threshold`` (same output and phase)."""
+
+
+@stage(needs="kv_cache_config", after="kv_block_zeroer")
+def release_probe(kv_block_zeroer):
+    """A stand-in stage a release adds."""
+    return kv_block_zeroer
+
+
+def test_mrv2_shares_v1s_mamba_ssu_backend_body_re_specced() -> None:
+    import initpipe_vllm.mrv2 as mrv2
+
+    v1, v2 = catalog().specs["mamba_ssu_backend"], mrv2.catalog().specs["mamba_ssu_backend"]
+    assert v1.func is v2.func and v1.effects == v2.effects
+    assert (v1.after, v2.after) == (("cudagraph_mode",), ("pcp_manager", "ubatch_runner"))
+    assert v1.meta["mirrors"] != v2.meta["mirrors"]  # each names its own runner
+    assert get_spec(v1.func) is v1  # the re-spec left v1's own spec on the function

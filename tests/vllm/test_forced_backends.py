@@ -18,10 +18,10 @@ import pytest
 
 from initpipe import MODEL, stage
 from initpipe_vllm import catalog
-from initpipe_vllm.model_phase import attn_backends as real_attn_backends
 from initpipe_vllm.runner import pipelined_runner_class
 from initpipe_vllm.testing import build_runner, plan_kv_cache_config, tiny_vllm_config
 from initpipe_vllm.testing.snapshot import diff_snapshots, runner_snapshot
+from initpipe_vllm.v1.model_phase import attn_backends as real_attn_backends
 
 BUILDERS = {
     "FLASH_ATTN": "FlashAttentionMetadataBuilder",

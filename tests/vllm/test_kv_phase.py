@@ -8,10 +8,10 @@ import copy
 import pytest
 import torch
 
-from initpipe_vllm import kv_phase as kp
-from initpipe_vllm import kv_tensors as kt
 from initpipe_vllm.errors import KVCacheConfigError
-from initpipe_vllm.types import InputBatchGeometry, RunnerSettings
+from initpipe_vllm.v1 import kv_phase as kp
+from initpipe_vllm.v1 import kv_tensors as kt
+from initpipe_vllm.v1.types import InputBatchGeometry, RunnerSettings
 
 
 def _stock_init(made):

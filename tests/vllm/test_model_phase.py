@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from initpipe_vllm import model_phase as mp
 from initpipe_vllm.errors import ModelPhaseError
+from initpipe_vllm.v1 import model_phase as mp
 
 
 def _stock_specs(made):

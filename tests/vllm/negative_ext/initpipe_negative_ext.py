@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from initpipe import Extension, get_spec, stage
-from initpipe_vllm import kv_tensors
+from initpipe_vllm.v1 import kv_tensors
 
 _ALLOC = get_spec(kv_tensors.allocated_kv_caches)
 

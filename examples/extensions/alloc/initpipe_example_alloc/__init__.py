@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from initpipe import Extension, stage
-from initpipe_vllm import kv_tensors
+from initpipe_vllm.v1 import kv_tensors
 
 #: (event, bytes) of every allocation and release, for the operator (and the tests)
 LEDGER: list[tuple[str, int]] = []

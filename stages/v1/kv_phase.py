@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from initpipe import KV, stage
 
-from .errors import KVCacheConfigError
+from ..errors import KVCacheConfigError
+from ..vllm_names import V1_RUNNER as _RUNNER
 from .types import InputBatchGeometry, RunnerSettings
 
 if TYPE_CHECKING:
@@ -40,8 +41,6 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.worker.utils import AttentionGroup
 
-#: The v1 runner whose methods the stages below replace (``meta["mirrors"]``).
-_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 
 __all__ = [
     "attention_groups",

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from initpipe import MODEL, stage
 
-from .errors import ModelPhaseError
+from ..errors import ModelPhaseError
+from ..vllm_names import V1_RUNNER as _RUNNER
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -37,8 +38,6 @@ if TYPE_CHECKING:
     from vllm.v1.attention.backend import AttentionBackend
     from vllm.v1.kv_cache_interface import KVCacheSpec
 
-#: The v1 runner whose methods the stages below replace (``meta["mirrors"]``).
-_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 #: What :func:`_kv_cache_disabled` calls (declared by the stages that use it).
 _EC_TRANSFER = (
     "vllm.distributed.ec_transfer:get_ec_transfer",

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from initpipe import KV, stage
 
-from .errors import KVCacheConfigError
+from ..errors import KVCacheConfigError
+from ..vllm_names import V1_RUNNER as _RUNNER
 from .kv_phase import _jit
 
 if TYPE_CHECKING:
@@ -33,11 +34,10 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.worker.utils import AttentionGroup
 
-#: The v1 runner whose methods the stages below replace (``meta["mirrors"]``).
-_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 
 __all__ = [
     "allocated_kv_caches",
+    "disarm_zeroer",
     "extract_hidden_states_check",
     "kv_block_zeroer",
     "kv_caches",
@@ -248,12 +248,12 @@ def kv_connector_registration(
     return True
 
 
-def _disarm_zeroer(kv_block_zeroer: Any) -> None:
+def disarm_zeroer(kv_block_zeroer: Any) -> None:
     """Drop the zeroer's address table: anyone still holding it gets a no-op
     (``zero_block_ids`` returns when ``_meta`` is None), never a write into freed memory.
 
     The run drops the output and the runner its ``_kv_block_zeroer`` (stock's cleanup
-    leaves a zeroer over the freed cache).
+    leaves a zeroer over the freed cache). The teardown of MRv2's zeroer too.
     """
     if kv_block_zeroer is not None:
         kv_block_zeroer._meta = None
@@ -261,7 +261,7 @@ def _disarm_zeroer(kv_block_zeroer: Any) -> None:
 
 @stage(
     needs=KV,
-    teardown=_disarm_zeroer,
+    teardown=disarm_zeroer,
     after=("kv_connector_registration",),
     meta={
         "mirrors": (

@@ -1,0 +1,68 @@
+"""The vLLM releases the catalogs are built for, and what differs in each: one module each.
+
+What belongs here: :data:`RELEASES` (version strings, oldest first) and one module per
+release, named after it (``0.32.0`` -> ``v0_32_0.py``), holding what that release changes
+in the catalogs as stage overlays: ``OVERLAYS``, a tuple of ``initpipe.Extension``, each
+naming the catalog pipeline it changes in ``applies_to`` (``"initpipe_vllm"`` for v1,
+``"initpipe_vllm.mrv2"`` / ``"initpipe_vllm.mrv2.spec"`` for Model Runner V2) and replacing,
+adding or removing stages there (a variant stage sits in the release's module, or beside
+the stage it varies, and reuses its body with ``catalogs.respec`` where it can).
+:mod:`initpipe_vllm.catalogs` applies them when it builds a catalog for the release.
+
+Adding a release is adding its module and its entry in :data:`RELEASES` (a test checks the
+two agree). Which release a worker runs is the contract's answer (the lock the installed
+vLLM matches), never a comparison of version strings; zero-argument entry points
+(``catalog()``, ``initpipe_vllm:pipeline``) build :data:`DEFAULT_RELEASE`.
+
+The package itself imports no release module (they may import the catalogs' stage
+modules, which sit below them): :func:`release_module` imports one by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+from typing import TYPE_CHECKING
+
+from ..errors import UnsupportedRunnerError
+
+if TYPE_CHECKING:
+    from initpipe import Extension
+
+__all__ = ["DEFAULT_RELEASE", "RELEASES", "module_name", "overlays", "release_module"]
+
+#: The vLLM releases with catalogs, oldest first.
+RELEASES: tuple[str, ...] = ("0.32.0",)
+#: The release zero-argument entry points build.
+DEFAULT_RELEASE = "0.32.0"
+
+
+def module_name(release: str) -> str:
+    """The module of ``release`` in this package: ``"0.32.0"`` -> ``"v0_32_0"``."""
+    return "v" + release.replace(".", "_")
+
+
+def release_module(release: str) -> types.ModuleType:
+    """The module holding what differs in vLLM ``release``.
+
+    Raises:
+        UnsupportedRunnerError: ``release`` is not one of :data:`RELEASES` (lists them).
+    """
+    if release not in RELEASES:
+        msg = (
+            f"vLLM release {release!r} has no catalog; the releases are "
+            f"{', '.join(RELEASES)}. A new release is a module "
+            f"initpipe_vllm/releases/{module_name(release)}.py listed in RELEASES."
+        )
+        raise UnsupportedRunnerError(msg)
+    return importlib.import_module(f"{__name__}.{module_name(release)}")
+
+
+def overlays(release: str) -> tuple[Extension, ...]:
+    """The stage overlays of vLLM ``release`` (``OVERLAYS`` of its module).
+
+    Raises:
+        UnsupportedRunnerError: an unknown release.
+    """
+    found: tuple[Extension, ...] = release_module(release).OVERLAYS
+    return found
