@@ -8,8 +8,9 @@ Layers, lowest first:
   <- ``initpipe.view`` <- ``initpipe.cli``;
 - ``initpipe_vllm``: the catalog level <- ``contract`` (what the catalogs mirror of vLLM,
   and the check; ``compat``, the vLLM calls that move between releases bound once and
-  declared through the contract, sits beside it) <- ``hook`` (with the ``worker``/``runner`` re-exports) <- ``resize`` <-
-  ``serve`` <- ``testing`` (with the ``pytest_plugin`` re-export) <- ``tools``;
+  declared through the contract, sits beside it) <- ``hook`` (with the
+  ``worker``/``runner`` re-exports) <- ``resize`` <- ``serve`` <- ``testing`` (with the
+  ``pytest_plugin`` re-export) <- ``tools``;
 - the catalog level, in its own order: the leaves (``errors``, ``vllm_names``)
   <- the shared machinery (``catalogs``, the ``releases`` index) <- the catalogs, siblings
   (``v1``, ``mrv2``: one may import the other's stage modules to re-spec a shared body,
