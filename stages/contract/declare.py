@@ -64,6 +64,7 @@ STAGE_CATALOGS: dict[Capability, tuple[str, ...]] = {
 
 #: The modules holding functions decorated with :func:`vllm_uses`.
 USE_MODULES: tuple[str, ...] = (
+    "initpipe_vllm.hook.adapter",
     "initpipe_vllm.hook.marks",
     "initpipe_vllm.hook.plugin",
     "initpipe_vllm.hook.worker",
