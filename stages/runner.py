@@ -3,8 +3,9 @@
 The lazily built runner classes (``PipelinedCPUModelRunner``, ``PipelinedGPUModelRunner``,
 and Model Runner V2's ``PipelinedCPUModelRunnerV2``, ``PipelinedGPUModelRunnerV2``,
 ``PipelinedXPUModelRunnerV2``) carry this module as their ``__module__``, so pickling and
-vLLM's qualname lookup resolve them here. The code lives in :mod:`initpipe_vllm.hook.runner` and
-:mod:`initpipe_vllm.hook.runner_v2`.
+vLLM's qualname lookup resolve them here. The shared mixin, the factory and the resolver live
+in :mod:`initpipe_vllm.hook.adapter`; the two adapters in :mod:`initpipe_vllm.hook.runner`
+and :mod:`initpipe_vllm.hook.runner_v2`.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # The lazily built classes: v1's (hook.runner) and Model Runner V2's (hook.runner_v2).
-    from .hook.runner_v2 import resolve_v2_class
+    # The lazily built classes, of every runner's adapter (hook.adapter resolves them).
+    from .hook.adapter import resolve_class
 
-    v2 = resolve_v2_class(name)
-    return v2 if v2 is not None else getattr(_impl, name)
+    cls = resolve_class(name)
+    return cls if cls is not None else getattr(_impl, name)

@@ -99,7 +99,8 @@ def route_worker(vllm_config: Any, *, was_auto: bool) -> None:
         vllm_config: the ``VllmConfig`` being built.
         was_auto: whether ``worker_cls`` was ``"auto"`` before the platform resolved it.
     """
-    from .worker import contract_match, runner_version, why_not_pipelined
+    from .adapter import which_runner
+    from .worker import contract_match, why_not_pipelined
 
     parallel = vllm_config.parallel_config
     if not was_auto:
@@ -120,7 +121,7 @@ def route_worker(vllm_config: Any, *, was_auto: bool) -> None:
         )
         return
     parallel.worker_cls = PIPELINED_WORKER
-    catalog = "Model Runner V2" if runner_version(vllm_config) == "v2" else "v1 runner"
+    catalog = which_runner(vllm_config).labels.log
     logger.info(
         "initpipe: vLLM workers initialize through the initpipe pipeline (%s=1; worker_cls=%s; "
         "the %s catalog). %s.",

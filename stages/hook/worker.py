@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Literal, NoReturn, get_args
@@ -31,8 +32,7 @@ import attrs
 from ..contract.declare import Capability, vllm_uses
 from ..errors import UnsupportedRunnerError
 from ..vllm_names import PLATFORM as _PLATFORM
-from .runner import pipelined_runner_class
-from .runner_v2 import pipelined_runner_v2_class
+from .adapter import RunnerAdapter, pipelined_class, runner_adapters, which_runner
 
 __all__ = [
     "PIPELINED_VARIANTS",
@@ -188,7 +188,7 @@ def contract_match(vllm_config: Any) -> str:
     ``vllm_config`` needs (version, number of declared functions, the lock)."""
     from ..contract.report import verdict
 
-    return verdict(_CAPABILITY[runner_version(vllm_config)]).describe()
+    return verdict(which_runner(vllm_config).capability).describe()
 
 
 def contract_release(vllm_config: Any) -> str:
@@ -202,7 +202,7 @@ def contract_release(vllm_config: Any) -> str:
     """
     from ..contract.report import installed_release
 
-    return installed_release(_CAPABILITY[runner_version(vllm_config)])
+    return installed_release(which_runner(vllm_config).capability)
 
 
 def check_vllm_version(version: str | None = None) -> None:
@@ -226,11 +226,6 @@ def _raise(refusal: Refusal) -> NoReturn:
     raise UnsupportedRunnerError(f"{refusal.message} {_STOCK_HINT}")
 
 
-#: The capability each runner version's catalog is (``initpipe doctor`` reports them).
-_CAPABILITY: Mapping[str, Capability] = MappingProxyType({"v1": "catalog_v1", "v2": "catalog_mrv2"})
-_CATALOG_NAME = {"catalog_v1": "the v1 runner catalog", "catalog_mrv2": "the MRv2 catalog"}
-
-
 def _contract_refusal(vllm_config: Any) -> Refusal | None:
     """Refuse when the catalog ``vllm_config`` needs (either, for None) does not match the
     installed vLLM: its declared vLLM functions are not identical to one locked release.
@@ -240,8 +235,9 @@ def _contract_refusal(vllm_config: Any) -> Refusal | None:
     from ..contract.report import refusal_fix, verdict
 
     fix = refusal_fix()
+    adapters: dict[str, RunnerAdapter] = {a.capability: a for a in runner_adapters()}
     try:
-        verdicts = {cap: verdict(cap) for cap in _CAPABILITY.values()}
+        verdicts = {a.capability: verdict(a.capability) for a in adapters.values()}
     except Exception as err:  # the gate never crashes vLLM's start
         return Refusal(
             reason="vllm-contract",
@@ -254,11 +250,11 @@ def _contract_refusal(vllm_config: Any) -> Refusal | None:
         wanted = list(verdicts.values())
     elif vllm_config is None:
         return None
-    else:  # a matching catalog vouches for the config field runner_version reads
-        wanted = [verdicts[_CAPABILITY[runner_version(vllm_config)]]]
+    else:  # a matching catalog vouches for the config field which_runner reads
+        wanted = [verdicts[which_runner(vllm_config).capability]]
         if wanted[0].ok:
             return None
-    names = " and ".join(_CATALOG_NAME[v.capability] for v in wanted)
+    names = " and ".join(adapters[v.capability].labels.catalog for v in wanted)
     return Refusal(
         reason="vllm-contract",
         message=(
@@ -367,13 +363,10 @@ def _why_model_runner_v2(vllm_config: Any) -> tuple[str, str]:
     )
 
 
-@vllm_uses(_BOTH, calls=(f"{_VLLM_CONFIG}.use_v2_model_runner",))
 def runner_version(vllm_config: Any) -> str:
-    """``"v2"`` where vLLM builds Model Runner V2 for ``vllm_config``, else ``"v1"``."""
-    try:
-        return "v2" if vllm_config.use_v2_model_runner else "v1"
-    except ValueError:
-        return "v2"  # HiSparse: vLLM refuses v1 for it itself
+    """``"v2"`` where vLLM builds Model Runner V2 for ``vllm_config``, else ``"v1"``
+    (:func:`~.adapter.which_runner` decides)."""
+    return which_runner(vllm_config).runner
 
 
 def _v2_refusal(why: str, fix: str) -> Refusal:
@@ -473,7 +466,6 @@ class _TracedWorkerMixin:
 @functools.cache
 def _cpu_worker() -> type:
     check_vllm_version()
-    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
     from vllm.v1.worker.cpu_worker import CPUWorker
 
     class PipelinedCPUWorker(_TracedWorkerMixin, CPUWorker):
@@ -490,19 +482,14 @@ def _cpu_worker() -> type:
         """
 
         def init_device(self) -> None:
-            import vllm.v1.worker.cpu_worker as cpu_worker_module
-
             refuse_unsupported(self.vllm_config, _CPU_WORKER)
-            if runner_version(self.vllm_config) == "v2":
-                # init_device imports MRv2's class from its module at call time.
-                import vllm.v1.worker.cpu.model_runner as module
-
-                name, cls = "CPUModelRunner", pipelined_runner_v2_class(_cpu_v2_runner())
-            else:
-                module, name = cpu_worker_module, "CPUModelRunner"
-                cls = pipelined_runner_class(CPUModelRunner)
-            # The module global init_device reads (not re-exported by vLLM, hence getattr).
+            adapter = which_runner(self.vllm_config)
+            # The module global init_device reads (not re-exported by vLLM, hence getattr):
+            # for MRv2 its class's own module, imported by init_device at call time.
+            module_name, _, name = _CPU_RUNNER_GLOBALS[adapter.runner].partition(":")
+            module = importlib.import_module(module_name)
             saved = getattr(module, name)
+            cls = pipelined_class(adapter, saved)
             setattr(module, name, cls)
             try:
                 super().init_device()
@@ -528,7 +515,7 @@ def _cpu_worker() -> type:
     ),
 )
 def _accelerator_worker(
-    name: str, stock: Any, stock_name: str, runner: Any, runner_v2: Callable[[], type], doc: str
+    name: str, stock: Any, stock_name: str, bases: Mapping[str, Callable[[], type]], doc: str
 ) -> type:
     """A pipelined subclass of a ``gpu_worker.Worker`` (or of a subclass that builds its
     runner in ``_make_model_runner``, as ``XPUWorker`` does): v1 or MRv2, as vLLM decides.
@@ -541,10 +528,11 @@ def _accelerator_worker(
             super().__init__(vllm_config, *args, **kwargs)
 
         def _make_model_runner(self) -> Any:
-            # MMEncoderModelRunner was refused in __init__: this is v1 or MRv2 proper.
-            if self.use_v2_model_runner:
-                return pipelined_runner_v2_class(runner_v2())(self.vllm_config, self.device)
-            return pipelined_runner_class(runner)(self.vllm_config, self.device)
+            # MMEncoderModelRunner was refused in __init__: this is v1 or MRv2 proper, as
+            # the worker's use_v2_model_runner says.
+            adapter = which_runner(self)
+            cls = pipelined_class(adapter, bases[adapter.runner]())
+            return cls(self.vllm_config, self.device)
 
     cls = PipelinedAcceleratorWorker
     cls.__name__ = cls.__qualname__ = name
@@ -553,11 +541,11 @@ def _accelerator_worker(
     return cls
 
 
-@vllm_uses("catalog_mrv2", calls=("vllm.v1.worker.cpu.model_runner:CPUModelRunner",))
-def _cpu_v2_runner() -> type:
-    from vllm.v1.worker.cpu.model_runner import CPUModelRunner
-
-    return CPUModelRunner
+#: The module global ``CPUWorker.init_device`` builds each runner from (patched for the call).
+_CPU_RUNNER_GLOBALS = {
+    "v1": "vllm.v1.worker.cpu_worker:CPUModelRunner",
+    "v2": "vllm.v1.worker.cpu.model_runner:CPUModelRunner",
+}
 
 
 @vllm_uses("catalog_mrv2", calls=("vllm.v1.worker.gpu.model_runner:GPUModelRunner",))
@@ -595,8 +583,7 @@ def _gpu_worker() -> type:
         "PipelinedGPUWorker",
         Worker,
         _GPU_WORKER,
-        GPUModelRunner,
-        _gpu_v2_runner,
+        {"v1": lambda: GPUModelRunner, "v2": _gpu_v2_runner},
         """GPU ``Worker`` (CUDA, ROCm) whose runner initializes through an initpipe catalog:
         Model Runner V2 (vLLM's default on CUDA) or the v1 runner, as vLLM decides.
 
@@ -628,8 +615,7 @@ def _xpu_worker() -> type:
         "PipelinedXPUWorker",
         XPUWorker,
         _XPU_WORKER,
-        XPUModelRunner,
-        _xpu_v2_runner,
+        {"v1": lambda: XPUModelRunner, "v2": _xpu_v2_runner},
         """``XPUWorker`` whose runner (``XPUModelRunnerV2`` or v1's ``XPUModelRunner``,
         built under vLLM's torch.cuda-to-xpu shim) initializes through an initpipe catalog.
 

@@ -46,6 +46,8 @@ from typing import Any
 
 from initpipe.files import write_file
 
+from ..hook.adapter import which_runner
+
 __all__ = [
     "MAX_MODEL_LEN",
     "PREFILL_STEP",
@@ -203,8 +205,8 @@ def _snapshot(worker: Any) -> dict[str, Any]:
 
 def runner_snapshot(runner: Any, *, blocks: bool = True) -> dict[str, Any]:
     """The runner's snapshot: v1's :func:`~.snapshot.runner_snapshot` or Model Runner V2's
-    :func:`~.snapshot_v2.runner_snapshot_v2`, by the runner."""
-    if _is_v2(runner):
+    :func:`~.snapshot_v2.runner_snapshot_v2`, by the runner's adapter."""
+    if which_runner(runner).runner == "v2":
         from .snapshot_v2 import runner_snapshot_v2
 
         return runner_snapshot_v2(runner, blocks=blocks)
@@ -213,18 +215,12 @@ def runner_snapshot(runner: Any, *, blocks: bool = True) -> dict[str, Any]:
     return v1_snapshot(runner, blocks=blocks)
 
 
-def _is_v2(runner: Any) -> bool:
-    """Model Runner V2 (``vllm/v1/worker/gpu/model_runner.py`` or a subclass), stock or
-    pipelined: it has no ``cudagraph_dispatcher``."""
-    return not hasattr(runner, "cudagraph_dispatcher")
-
-
 def _runner_meta(worker: Any) -> dict[str, Any]:
     runner = worker.model_runner
     run = getattr(runner, "initpipe_run", None)
     return {
         "runner_class": type(runner).__name__,
-        "runner_version": "v2" if _is_v2(runner) else "v1",
+        "runner_version": which_runner(runner).runner,
         "kv_generation": None if run is None else run.kv_generation,
         "stages_completed": None if run is None else run.completed("kv_cache_config"),
         "kv_connector_registered": (
@@ -235,11 +231,8 @@ def _runner_meta(worker: Any) -> dict[str, Any]:
 
 def _reinitialize(worker: Any) -> dict[str, Any]:
     """Cleanup, vLLM's minimal profiling KV cache, cleanup, then the real KV cache again."""
-    from ..hook.runner import engine_kv_cache_config
-    from ..hook.runner_v2 import engine_kv_cache_config_v2
-
     runner = worker.model_runner
-    cfg = (engine_kv_cache_config_v2 if _is_v2(runner) else engine_kv_cache_config)(runner)
+    cfg = which_runner(runner).engine_kv_cache_config(runner)
     num_blocks = runner.cache_config.num_gpu_blocks
     _profiling_cleanup(runner)
     out = {"cleaned": runner_snapshot(runner, blocks=False)}
@@ -266,7 +259,7 @@ def _profiling_cleanup(runner: Any) -> None:
     ``initpipe_teardown_profiling_state`` (what its ``profile_cudagraph_memory`` calls in its
     place); MRv2's ``profile_cudagraph_memory`` itself never runs on CPU.
     """
-    if _is_v2(runner):
+    if which_runner(runner).runner == "v2":
         if hasattr(runner, "initpipe_teardown_profiling_state"):
             runner.initpipe_teardown_profiling_state()
         else:

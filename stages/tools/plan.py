@@ -72,6 +72,7 @@ import attrs
 from initpipe import KV, MODEL, Pipeline
 
 from ..contract.declare import vllm_uses
+from ..hook.adapter import runner_adapter, runner_adapters
 from ._cli import Parser, UsageError
 from .plan_meta import (
     ASSUMED_CAPABILITY,
@@ -180,7 +181,7 @@ class Plan:
             f"max_num_seqs {self.max_num_seqs}, max_num_batched_tokens "
             f"{self.max_num_batched_tokens:,})",
             f"cudagraphs   {self.cudagraph_mode}",
-            f"runner       {_RUNNERS[self.model_runner]}; block tables "
+            f"runner       {runner_adapter(self.model_runner).labels.plan}; block tables "
             f"{list(self.block_table_widths)} blocks per request per group"
             + (
                 f" (v1's: {list(self.v1_block_table_widths)})" if self.v1_block_table_widths else ""
@@ -220,9 +221,6 @@ class Plan:
         )
         out += [f"note: {n}" for n in self.notes]
         return "\n".join(out)
-
-
-_RUNNERS = {"v1": "v1 (GPUModelRunner)", "v2": "Model Runner V2"}
 
 
 # -- the planning pipeline ------------------------------------------------------------------
@@ -306,8 +304,9 @@ def plan(
         raise ValueError("give exactly one of num_blocks and kv_bytes.")
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is not one of {list(BACKENDS)}.")
-    if model_runner not in _RUNNERS:
-        raise ValueError(f"model_runner {model_runner!r} is not one of {list(_RUNNERS)}.")
+    runners = [a.runner for a in runner_adapters()]
+    if model_runner not in runners:
+        raise ValueError(f"model_runner {model_runner!r} is not one of {runners}.")
     if tensor_parallel_size < 1 or pipeline_parallel_size < 1:
         raise ValueError("tensor_parallel_size and pipeline_parallel_size must be 1 or more.")
     if not 0 <= pp_rank < pipeline_parallel_size:
@@ -606,7 +605,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument(
         "--model-runner",
-        choices=tuple(_RUNNERS),
+        choices=tuple(a.runner for a in runner_adapters()),
         default="v1",
         help="the runner planned for: v1 (default) or v2 (Model Runner V2: the same KV "
         "tensors, its own block-table widths)",

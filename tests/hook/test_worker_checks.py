@@ -163,8 +163,7 @@ def test_on_xpu_the_pipelined_worker_is_the_xpu_workers_subclass(
         bases.append(base)
         return lambda vllm_config, device: ("built", vllm_config, device)
 
-    monkeypatch.setattr(hook_worker, "pipelined_runner_class", record)
-    monkeypatch.setattr(hook_worker, "pipelined_runner_v2_class", record)
+    monkeypatch.setattr(hook_worker, "pipelined_class", lambda adapter, base: record(base))
     worker = SimpleNamespace(vllm_config=tiny_config, device="xpu:0", use_v2_model_runner=False)
     assert cls._make_model_runner(worker) == ("built", tiny_config, "xpu:0")
     worker.use_v2_model_runner = True  # MRv2: the pipelined XPUModelRunnerV2

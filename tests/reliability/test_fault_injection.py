@@ -175,7 +175,7 @@ def test_model_stage_fault_surfaces_from_the_runner_and_retry_works(rig, name, w
     rig.cleanup()
     runner = rig.runner
     # A fresh run of the model phase, as the runner itself starts one when the block
-    # size changes before any KV phase (PipelinedRunnerMixin._initpipe_model_phase).
+    # size changes before any KV phase (PipelinedRunnerMixin._initpipe_model_outputs).
     runner.initpipe_run.close()
     runner.initpipe_run = run = runner.initpipe_pipeline.start(**start_inputs(runner))
     batch = runner.input_batch
