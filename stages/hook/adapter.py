@@ -202,7 +202,8 @@ class RunnerAdapter:
         capability: the contract capability of its catalog (``initpipe doctor``).
         labels: the runner in words (:class:`Labels`).
         stock_runner: ``module:qualname`` of vLLM's class every runner of it extends.
-        catalog: ``module:factory`` of the default pipeline (a zero-argument call).
+        catalog: ``module:factory`` of the default pipeline, called with ``release=`` the
+            adapter's release.
         classes: the stable pipelined class names -> ``module:qualname`` of their base.
         class_suffix: appended to ``Pipelined<Base>`` for a base not in ``classes``.
         start_inputs: ``(runner) -> inputs`` of ``pipeline.start``.
@@ -407,7 +408,9 @@ class PipelineHost:
             module, _, factory = self.initpipe_adapter.catalog.partition(":")
             pipeline = (
                 type(self).initpipe_default_pipeline
-                or getattr(importlib.import_module(module), factory)()
+                or getattr(importlib.import_module(module), factory)(
+                    release=self.initpipe_adapter.release
+                )
             )
         self.initpipe_pipeline = pipeline
         # Bounded: a long-lived runner that re-runs its KV phase keeps the latest events.

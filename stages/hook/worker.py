@@ -46,6 +46,7 @@ __all__ = [
     "check_vllm_version",
     "contract_match",
     "contract_release",
+    "release_adapter",
     "refuse_unsupported",
     "runner_version",
     "why_not_pipelined",
@@ -203,6 +204,17 @@ def contract_release(vllm_config: Any) -> str:
     from ..contract.report import installed_release
 
     return installed_release(which_runner(vllm_config).capability)
+
+
+def release_adapter(subject: Any, vllm_config: Any) -> RunnerAdapter:
+    """The adapter of the runner ``subject`` (a config or a worker) needs, for the release
+    the contract matched (:func:`contract_release`): the release picks the catalog and
+    its variants, never the version string. Called after :func:`refuse_unsupported`, so
+    the contract's verdict is already read (cached for the process)."""
+    from ..contract.report import installed_release
+
+    runner = which_runner(subject)
+    return which_runner(subject, installed_release(runner.capability))
 
 
 def check_vllm_version(version: str | None = None) -> None:
@@ -483,7 +495,7 @@ def _cpu_worker() -> type:
 
         def init_device(self) -> None:
             refuse_unsupported(self.vllm_config, _CPU_WORKER)
-            adapter = which_runner(self.vllm_config)
+            adapter = release_adapter(self.vllm_config, self.vllm_config)
             # The module global init_device reads (not re-exported by vLLM, hence getattr):
             # for MRv2 its class's own module, imported by init_device at call time.
             module_name, _, name = _CPU_RUNNER_GLOBALS[adapter.runner].partition(":")
@@ -530,7 +542,7 @@ def _accelerator_worker(
         def _make_model_runner(self) -> Any:
             # MMEncoderModelRunner was refused in __init__: this is v1 or MRv2 proper, as
             # the worker's use_v2_model_runner says.
-            adapter = which_runner(self)
+            adapter = release_adapter(self, self.vllm_config)
             cls = pipelined_class(adapter, bases[adapter.runner]())
             return cls(self.vllm_config, self.device)
 
