@@ -46,8 +46,8 @@ __all__ = [
     "check_vllm_version",
     "contract_match",
     "contract_release",
-    "release_adapter",
     "refuse_unsupported",
+    "release_adapter",
     "runner_version",
     "why_not_pipelined",
 ]
