@@ -406,12 +406,9 @@ class PipelineHost:
 
         if pipeline is None:
             module, _, factory = self.initpipe_adapter.catalog.partition(":")
-            pipeline = (
-                type(self).initpipe_default_pipeline
-                or getattr(importlib.import_module(module), factory)(
-                    release=self.initpipe_adapter.release
-                )
-            )
+            pipeline = type(self).initpipe_default_pipeline or getattr(
+                importlib.import_module(module), factory
+            )(release=self.initpipe_adapter.release)
         self.initpipe_pipeline = pipeline
         # Bounded: a long-lived runner that re-runs its KV phase keeps the latest events.
         self.initpipe_trace = Trace(max_records=TRACE_MAX_RECORDS)
