@@ -236,6 +236,12 @@ class RunnerAdapter:
     entry_states: Mapping[str, frozenset[RunnerState]] = ENTRY_STATES
     release: str = DEFAULT_RELEASE
 
+    def pipeline(self) -> Pipeline:
+        """The default pipeline: :attr:`catalog` built for this adapter's release."""
+        module, _, factory = self.catalog.partition(":")
+        built: Pipeline = getattr(importlib.import_module(module), factory)(release=self.release)
+        return built
+
     def refusal(self, entry: str, state: RunnerState, kv_generation: int) -> str:
         """Why ``entry`` cannot run in ``state``, and the call to make first."""
         call, why = self.teardown
@@ -405,10 +411,7 @@ class PipelineHost:
         from initpipe import Trace
 
         if pipeline is None:
-            module, _, factory = self.initpipe_adapter.catalog.partition(":")
-            pipeline = type(self).initpipe_default_pipeline or getattr(
-                importlib.import_module(module), factory
-            )(release=self.initpipe_adapter.release)
+            pipeline = type(self).initpipe_default_pipeline or self.initpipe_adapter.pipeline()
         self.initpipe_pipeline = pipeline
         # Bounded: a long-lived runner that re-runs its KV phase keeps the latest events.
         self.initpipe_trace = Trace(max_records=TRACE_MAX_RECORDS)
