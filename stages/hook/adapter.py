@@ -43,6 +43,8 @@ from initpipe.testing import ENV_FAULT, inject_faults_from_env
 from .. import releases
 from ..contract.declare import Capability, vllm_uses
 from ..errors import UnsupportedRunnerError
+from ..vllm_names import MRV2_RUNNER as _V2
+from ..vllm_names import V1_RUNNER as _V1
 from .progress import log_phase, phase_spans
 
 __all__ = [
@@ -74,8 +76,6 @@ ADAPTER_MODULES = ("initpipe_vllm.hook.runner", "initpipe_vllm.hook.runner_v2")
 #: How many trace events a pipelined runner keeps (about 900 KV re-inits of the catalog).
 TRACE_MAX_RECORDS = 20_000
 
-_V1 = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
-_V2 = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
 _VLLM_CONFIG = "vllm.config.vllm:VllmConfig"
 
 

@@ -31,6 +31,7 @@ import attrs
 
 from ..contract.declare import Capability, vllm_uses
 from ..errors import UnsupportedRunnerError
+from ..vllm_names import MRV2_RUNNER, V1_RUNNER
 from ..vllm_names import PLATFORM as _PLATFORM
 from .adapter import RunnerAdapter, pipelined_class, runner_adapters, which_runner
 
@@ -560,7 +561,7 @@ _CPU_RUNNER_GLOBALS = {
 }
 
 
-@vllm_uses("catalog_mrv2", calls=("vllm.v1.worker.gpu.model_runner:GPUModelRunner",))
+@vllm_uses("catalog_mrv2", calls=(MRV2_RUNNER,))
 def _gpu_v2_runner() -> type:
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
@@ -579,8 +580,8 @@ def _xpu_v2_runner() -> type:
     mirrors=(f"{_WORKER}._make_model_runner",),
     calls=(
         _WORKER,
-        "vllm.v1.worker.gpu_model_runner:GPUModelRunner",
-        "vllm.v1.worker.gpu.model_runner:GPUModelRunner",
+        V1_RUNNER,
+        MRV2_RUNNER,
         _CURRENT_PLATFORM,
         _USE_V2_ENV,
     ),
