@@ -23,6 +23,7 @@ from typing import Any
 
 import attrs
 
+from ..vllm_names import MRV2_RUNNER, V1_RUNNER
 from .declare import Use
 from .fingerprint import Found, Index
 from .source import Source
@@ -37,11 +38,11 @@ LOCKS = "locks"
 #: The vLLM classes whose methods the catalogs declare, and the subclasses of each that
 #: initpipe instantiates: a method a subclass starts to override changes the digest.
 SUBCLASSED: Mapping[str, tuple[str, ...]] = {
-    "vllm.v1.worker.gpu_model_runner:GPUModelRunner": (
+    V1_RUNNER: (
         "vllm.v1.worker.cpu_model_runner:CPUModelRunner",
         "vllm.v1.worker.xpu_model_runner:XPUModelRunner",
     ),
-    "vllm.v1.worker.gpu.model_runner:GPUModelRunner": (
+    MRV2_RUNNER: (
         "vllm.v1.worker.cpu.model_runner:CPUModelRunner",
         "vllm.v1.worker.xpu_model_runner:XPUModelRunnerV2",
     ),

@@ -43,6 +43,8 @@ from initpipe.testing import ENV_FAULT, inject_faults_from_env
 from .. import releases
 from ..contract.declare import Capability, vllm_uses
 from ..errors import UnsupportedRunnerError
+from ..vllm_names import MRV2_RUNNER as _V2
+from ..vllm_names import V1_RUNNER as _V1
 from .progress import log_phase, phase_spans
 
 __all__ = [
@@ -74,8 +76,6 @@ ADAPTER_MODULES = ("initpipe_vllm.hook.runner", "initpipe_vllm.hook.runner_v2")
 #: How many trace events a pipelined runner keeps (about 900 KV re-inits of the catalog).
 TRACE_MAX_RECORDS = 20_000
 
-_V1 = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
-_V2 = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
 _VLLM_CONFIG = "vllm.config.vllm:VllmConfig"
 
 
@@ -202,7 +202,8 @@ class RunnerAdapter:
         capability: the contract capability of its catalog (``initpipe doctor``).
         labels: the runner in words (:class:`Labels`).
         stock_runner: ``module:qualname`` of vLLM's class every runner of it extends.
-        catalog: ``module:factory`` of the default pipeline (a zero-argument call).
+        catalog: ``module:factory`` of the default pipeline, called with ``release=`` the
+            adapter's release.
         classes: the stable pipelined class names -> ``module:qualname`` of their base.
         class_suffix: appended to ``Pipelined<Base>`` for a base not in ``classes``.
         start_inputs: ``(runner) -> inputs`` of ``pipeline.start``.
@@ -234,6 +235,12 @@ class RunnerAdapter:
     close_first: bool
     entry_states: Mapping[str, frozenset[RunnerState]] = ENTRY_STATES
     release: str = DEFAULT_RELEASE
+
+    def pipeline(self) -> Pipeline:
+        """The default pipeline: :attr:`catalog` built for this adapter's release."""
+        module, _, factory = self.catalog.partition(":")
+        built: Pipeline = getattr(importlib.import_module(module), factory)(release=self.release)
+        return built
 
     def refusal(self, entry: str, state: RunnerState, kv_generation: int) -> str:
         """Why ``entry`` cannot run in ``state``, and the call to make first."""
@@ -404,11 +411,7 @@ class PipelineHost:
         from initpipe import Trace
 
         if pipeline is None:
-            module, _, factory = self.initpipe_adapter.catalog.partition(":")
-            pipeline = (
-                type(self).initpipe_default_pipeline
-                or getattr(importlib.import_module(module), factory)()
-            )
+            pipeline = type(self).initpipe_default_pipeline or self.initpipe_adapter.pipeline()
         self.initpipe_pipeline = pipeline
         # Bounded: a long-lived runner that re-runs its KV phase keeps the latest events.
         self.initpipe_trace = Trace(max_records=TRACE_MAX_RECORDS)

