@@ -35,6 +35,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..contract.declare import vllm_uses
+from ..mrv2 import INITPIPE_INPUTS as MRV2_INPUTS
 from ..mrv2.types import RunnerV2Settings
 from ..vllm_names import MODEL_STATE as _MODEL_STATE
 from ..vllm_names import MRV2_RUNNER as _RUNNER
@@ -83,19 +84,9 @@ DELIBERATE_TEARDOWN_DIFFERENCES: Mapping[str, str] = {
 
 
 # -- reading the runner: the pipeline's external inputs -----------------------------------
-#: The start inputs read as runner attributes of the same name.
-_START_ATTRS = (
-    "vllm_config",
-    "device",
-    "encoder_cache",
-    "req_states",
-    "input_buffers",
-    "speculator",
-    "eplb",
-    "jit_warmup_registry",
-    "lora_capture_cases",
-    "pcp_manager_cls",
-)
+#: The start inputs read as runner attributes of the same name: the catalog's start inputs
+#: but ``runner_settings``, which :func:`start_inputs_v2` builds from the config.
+_START_ATTRS = tuple(n for n in MRV2_INPUTS["start"] if n != "runner_settings")
 
 
 @vllm_uses("catalog_mrv2", calls=adapter.owned(_RUNNER, _START_ATTRS))
