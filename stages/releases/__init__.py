@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_RELEASE", "RELEASES", "module_name", "overlays", "release_module"]
 
 #: The vLLM releases with catalogs, oldest first.
-RELEASES: tuple[str, ...] = ("0.32.0",)
+RELEASES: tuple[str, ...] = ("0.32.0", "0.33.0")
 #: The release zero-argument entry points build.
 DEFAULT_RELEASE = "0.32.0"
 
