@@ -81,9 +81,10 @@ PHASES = (
     "other",
 )
 
-#: The vLLM (0.32) functions the report knows by their span name (``@instrument``'s
+#: The vLLM functions the report knows by their span name (``@instrument``'s
 #: ``span_name``), declared to the contract (capability ``startup``): a release that
-#: renames or moves one shows in ``initpipe doctor``.
+#: renames or moves one shows in ``initpipe doctor``. The same on 0.32.0 and 0.33.0 (0.33
+#: changed eight of their bodies, none a span's name, site or what it holds: no variant).
 SPAN_SITES: dict[str, str] = {
     "Overall Loading": "vllm.v1.engine.core_client:EngineCoreClient.make_async_mp_client",
     "SyncMPClient init": "vllm.v1.engine.core_client:SyncMPClient.__init__",

