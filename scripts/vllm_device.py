@@ -233,6 +233,10 @@ def build(release: str, base: Path, out: Path, cache: Path) -> Path:
         (site / "zz_initpipe_device_base.pth").write_text(
             f"import site; site.addsitedir({str(base_site)!r})\n"
         )
+        # the CLI, run by the device's interpreter (`.venv-vllm-X/bin/initpipe doctor`)
+        cli = tmp / "bin" / "initpipe"
+        cli.write_text(f"#!{tmp}/bin/python\n{CLI}")
+        cli.chmod(0o755)
         check = subprocess.run(
             [str(tmp / "bin" / "python"), "-c", CHECK],
             capture_output=True,
@@ -264,6 +268,7 @@ def build(release: str, base: Path, out: Path, cache: Path) -> Path:
     return out
 
 
+CLI = "import sys\nfrom initpipe.cli import main\n\nsys.exit(main())\n"
 CHECK = (
     "import vllm; from vllm.platforms import current_platform as p; "
     "print(vllm.__version__, type(p).__name__)"
