@@ -8,7 +8,7 @@ their 0.33.0 variants beside the base function, registered with
 :func:`initpipe_vllm.contract.variants.by_release`. Which release runs is the contract's
 answer (the lock the installed vLLM matches), never a version string.
 
-What 0.33.0 changed, and the variant of each (``docs/maintainers.md`` has the full table):
+What 0.33.0 changed that matters to a stage, and the variant of each:
 
 - v1 ``GPUModelRunner.get_kv_cache_spec`` marks a draft model's layers
   (``AttentionLayerBase.is_draft_layer``) with ``is_draft=True`` on their spec, which
