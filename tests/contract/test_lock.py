@@ -42,7 +42,7 @@ def test_the_shipped_lock_equals_one_built_from_the_installed_vllm(
     installed: tuple[Source, Index], shipped: lock_mod.Lock
 ) -> None:
     source, index = installed
-    fresh = lock_mod.build(source, declarations(), index)
+    fresh = lock_mod.build(source, declarations(release=source.version), index)
     differing = sorted(
         k
         for k in set(fresh.entries) | set(shipped.entries)
@@ -55,13 +55,13 @@ def test_the_shipped_lock_equals_one_built_from_the_installed_vllm(
 def test_the_subclasses_initpipe_builds_are_resolved_too(
     installed: tuple[Source, Index],
 ) -> None:
-    _, index = installed
+    source, index = installed
     name = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.initialize_kv_cache"
     found = index.resolve(name, "mirrors", lock_mod.via(name))
     assert found.detail == (
         "overridden in vllm.v1.worker.cpu_model_runner:CPUModelRunner.initialize_kv_cache"
     )
-    for use in declarations():
+    for use in declarations(release=source.version):  # another release's may be missing
         detail = index.resolve(use.name, use.kind, lock_mod.via(use.name)).detail
         assert "missing" not in detail and "not a class" not in detail, (use.name, detail)
 
