@@ -70,7 +70,8 @@ __all__ = [
     "write_outputs",
 ]
 
-#: The vLLM release an adapter is looked up for when none is named (the only one today).
+#: The vLLM release an adapter is looked up for when none is named (what runs is the
+#: contract's answer: :func:`installed_adapter`).
 DEFAULT_RELEASE = releases.DEFAULT_RELEASE
 #: The modules defining the adapters (imported on the first lookup; each registers its own).
 ADAPTER_MODULES = ("initpipe_vllm.hook.runner", "initpipe_vllm.hook.runner_v2")
