@@ -32,7 +32,7 @@ from initpipe import Pipeline, StageSpec, apply_extensions, get_spec
 from initpipe._extensions import enabled_names
 
 from .errors import UnsupportedRunnerError
-from .releases import DEFAULT_RELEASE, overlays
+from .releases import DEFAULT_RELEASE, inputs, overlays
 
 __all__ = [
     "RUNNERS",
@@ -73,16 +73,18 @@ class CatalogDef:
 @functools.cache
 def build(definition: CatalogDef, release: str) -> Pipeline:
     """``definition`` as a Pipeline for vLLM ``release``, its overlays applied; built once.
+    A phase whose inputs the release declares anew (``INPUTS`` of its module) takes them.
 
     Raises:
         UnsupportedRunnerError: ``release`` is not in ``initpipe_vllm.releases.RELEASES``.
         initpipe.ExtensionError: an overlay breaks the graph (names the release).
     """
+    declared = {**definition.inputs, **inputs(release, definition.name)}
     pipeline = Pipeline(
         definition.stages,
-        start_inputs=definition.inputs["start"],
-        model_inputs=definition.inputs["model"],
-        kv_inputs=definition.inputs["kv_cache_config"],
+        start_inputs=declared["start"],
+        model_inputs=declared["model"],
+        kv_inputs=declared["kv_cache_config"],
         name=definition.name,
     )
     return apply_extensions(pipeline, overlays(release))

@@ -58,6 +58,7 @@ __all__ = [
     "RunnerState",
     "Write",
     "engine_inputs",
+    "installed_adapter",
     "owned",
     "pipelined_class",
     "read_attrs",
@@ -69,7 +70,8 @@ __all__ = [
     "write_outputs",
 ]
 
-#: The vLLM release an adapter is looked up for when none is named (the only one today).
+#: The vLLM release an adapter is looked up for when none is named (what runs is the
+#: contract's answer: :func:`installed_adapter`).
 DEFAULT_RELEASE = releases.DEFAULT_RELEASE
 #: The modules defining the adapters (imported on the first lookup; each registers its own).
 ADAPTER_MODULES = ("initpipe_vllm.hook.runner", "initpipe_vllm.hook.runner_v2")
@@ -294,6 +296,25 @@ def runner_adapter(runner: str, release: str = DEFAULT_RELEASE) -> RunnerAdapter
     return mixin.initpipe_adapter
 
 
+def installed_adapter(runner: str) -> RunnerAdapter:
+    """``runner``'s adapter for the release the installed vLLM matched (the contract's
+    answer for its catalog, :func:`~..contract.report.installed_release`); a vLLM that no
+    lock matches gets :data:`DEFAULT_RELEASE`'s (the workers refuse it by name before they
+    build a runner: :func:`~.worker.refuse_unsupported`).
+
+    Raises:
+        UnsupportedRunnerError: no adapter for ``runner``.
+    """
+    from ..contract.report import installed_release
+
+    default = runner_adapter(runner)
+    try:
+        release = installed_release(default.capability)
+    except UnsupportedRunnerError:
+        return default
+    return runner_adapter(runner, release)
+
+
 @vllm_uses(("catalog_v1", "catalog_mrv2"), calls=(f"{_VLLM_CONFIG}.use_v2_model_runner",))
 def which_runner(subject: Any, release: str = DEFAULT_RELEASE) -> RunnerAdapter:
     """Which vLLM model runner ``subject`` is or will build: its adapter.
@@ -335,10 +356,16 @@ def _pipelined(mixin: Any, base: type) -> type:
     return type(name, (mixin, base), {"__module__": "initpipe_vllm.runner", "__qualname__": name})
 
 
-def resolve_class(name: str, release: str = DEFAULT_RELEASE) -> type | None:
-    """The pipelined class with the stable name ``name``, built on demand (None: not one)."""
-    for adapter in runner_adapters(release):
+def resolve_class(name: str, release: str | None = None) -> type | None:
+    """The pipelined class with the stable name ``name``, built on demand (None: not one),
+    for vLLM ``release`` (None: the installed vLLM's, :func:`installed_adapter`): a class
+    unpickled or looked up by name in a worker process is that release's."""
+    for adapter in runner_adapters(DEFAULT_RELEASE):
         if name in adapter.classes:
+            if release is None:
+                adapter = installed_adapter(adapter.runner)
+            elif release != adapter.release:
+                adapter = runner_adapter(adapter.runner, release)
             module, _, qualname = adapter.classes[name].partition(":")
             return pipelined_class(adapter, getattr(importlib.import_module(module), qualname))
     return None

@@ -32,6 +32,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+import attrs
+
 from initpipe import PhaseOrderError
 
 from ..contract.declare import vllm_uses
@@ -50,6 +52,7 @@ from .adapter import (
     attr_names,
     engine_inputs,
     host_uses,
+    installed_adapter,
     owned,
     pipelined_class,
     read_attrs,
@@ -62,8 +65,10 @@ from .progress import log_phase
 __all__ = [
     "TRACE_MAX_RECORDS",
     "V1_ADAPTER",
+    "V1_ADAPTER_0_33_0",
     "PipelineHost",
     "PipelinedRunnerMixin",
+    "PipelinedRunnerMixin_0_33_0",
     "apply_kv_outputs",
     "apply_model_outputs",
     "clear_kv_state",
@@ -391,6 +396,10 @@ def _v1_adapter() -> RunnerAdapter:
 
 
 V1_ADAPTER = _v1_adapter()
+#: The v1 runner's adapter on vLLM 0.33.0: 0.32.0's tables (the runner methods it replaces
+#: assign the same attributes there), building the 0.33.0 catalog (its ``kv_cache_spec``
+#: variant, :mod:`initpipe_vllm.releases.v0_33_0`).
+V1_ADAPTER_0_33_0 = attrs.evolve(V1_ADAPTER, release="0.33.0")
 
 
 # -- the runner class ------------------------------------------------------------------
@@ -459,12 +468,21 @@ class PipelinedRunnerMixin(PipelineHost):
         return sorted(self.requests)  # type: ignore[attr-defined]
 
 
+class PipelinedRunnerMixin_0_33_0(PipelinedRunnerMixin):
+    """The v1 mixin on vLLM 0.33.0: registered under ``("v1", "0.33.0")``; its catalog is
+    the 0.33.0 one, its methods 0.32.0's."""
+
+    initpipe_adapter = V1_ADAPTER_0_33_0
+
+
 def pipelined_runner_class(base: type | None = None) -> type:
-    """``Pipelined<Base>``: the mixin over ``base`` (default: the platform's runner).
+    """``Pipelined<Base>``: the mixin of the installed vLLM's release (the contract's
+    answer, :func:`~.adapter.installed_adapter`) over ``base`` (default: the platform's
+    runner).
 
     Built once per base; reachable as ``initpipe_vllm.runner.Pipelined<Base>``.
     """
-    return pipelined_class(V1_ADAPTER, base)
+    return pipelined_class(installed_adapter("v1"), base)
 
 
 def __getattr__(name: str) -> Any:

@@ -34,7 +34,11 @@ from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
+import attrs
+
+from .. import releases
 from ..contract.declare import vllm_uses
+from ..mrv2 import CATALOG as MRV2_CATALOG
 from ..mrv2 import INITPIPE_INPUTS as MRV2_INPUTS
 from ..mrv2.types import RunnerV2Settings
 from ..vllm_names import MODEL_STATE as _MODEL_STATE
@@ -47,7 +51,9 @@ from .progress import log_phase
 __all__ = [
     "DELIBERATE_TEARDOWN_DIFFERENCES",
     "V2_ADAPTER",
+    "V2_ADAPTER_0_33_0",
     "PipelinedRunnerV2Mixin",
+    "PipelinedRunnerV2Mixin_0_33_0",
     "apply_kv_outputs_v2",
     "apply_model_outputs_v2",
     "clear_kv_state_v2",
@@ -57,11 +63,13 @@ __all__ = [
     "platform_runner_v2_class",
     "release_cuda_graphs_v2",
     "start_inputs_v2",
+    "start_inputs_v2_0_33_0",
 ]
 
 
 # vLLM names for the declarations (``module:qualname``).
 _CG = "vllm.v1.worker.gpu.cudagraph_utils"
+_EAGLE3 = "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils"
 _ENCODER_RUNNER = "vllm.v1.worker.gpu.mm.encoder_runner:EncoderRunner"
 _LORA = "vllm.v1.worker.lora_model_runner_mixin:LoRAModelRunnerMixin"
 _NUM_GPU_BLOCKS = "vllm.config.cache:CacheConfig.num_gpu_blocks"
@@ -435,13 +443,10 @@ class PipelinedRunnerV2Mixin(adapter.PipelineHost):
             "vllm.model_executor.model_loader:get_model_loader",
             "vllm.utils.mem_utils:DeviceMemoryProfiler",
             "vllm.utils.mem_utils:format_gib",
-            "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils:set_eagle3_aux_hidden_state_layers",
-            "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils:verify_supports_aux_hidden_states_over_pp",
             "vllm.v1.worker.gpu.spec_decode.speculator:DraftModelSpeculator",
             "vllm.v1.worker.workspace:use_workspace_lane",
             "vllm.v1.worker.gpu.eplb_utils:EPLBController.prepare_load",
             "vllm.v1.worker.gpu.eplb_utils:EPLBController.maybe_register_speculator",
-            "vllm.v1.worker.gpu.pp_utils:PPHandler.configure_aux_hidden_state_relay",
             f"{_LORA}.load_lora_model",
             f"{_RUNNER}.load_config",
             f"{_RUNNER}.eplb",
@@ -450,8 +455,6 @@ class PipelinedRunnerV2Mixin(adapter.PipelineHost):
             f"{_RUNNER}.lora_config",
             f"{_RUNNER}.use_aux_hidden_state_outputs",
             f"{_RUNNER}.speculative_config",
-            f"{_RUNNER}.use_pp",
-            f"{_RUNNER}.pp_handler",
             f"{_RUNNER}.speculator",
             f"{_RUNNER}._draft_workspace_lane",
             f"{_RUNNER}.model_memory_usage",
@@ -466,10 +469,6 @@ class PipelinedRunnerV2Mixin(adapter.PipelineHost):
         from vllm.logger import init_logger
         from vllm.model_executor.model_loader import get_model_loader
         from vllm.utils.mem_utils import DeviceMemoryProfiler, format_gib
-        from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (
-            set_eagle3_aux_hidden_state_layers,
-            verify_supports_aux_hidden_states_over_pp,
-        )
         from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
         from vllm.v1.worker.workspace import use_workspace_lane
 
@@ -490,10 +489,7 @@ class PipelinedRunnerV2Mixin(adapter.PipelineHost):
             if s.lora_config:
                 s.model = s.load_lora_model(s.model, s.vllm_config, s.device)
             if s.use_aux_hidden_state_outputs:
-                set_eagle3_aux_hidden_state_layers(s.model, s.speculative_config)
-                if s.use_pp:
-                    verify_supports_aux_hidden_states_over_pp(s.model, s.speculative_config.method)
-                    s.pp_handler.configure_aux_hidden_state_relay(s.model)
+                self._initpipe_aux_hidden_states()
             if isinstance(s.speculator, DraftModelSpeculator):
                 with use_workspace_lane(s._draft_workspace_lane):
                     s.speculator.load_model(s.model)
@@ -508,6 +504,33 @@ class PipelinedRunnerV2Mixin(adapter.PipelineHost):
             time_after_load - time_before_load,
         )
         return bool(eplb_models_added)
+
+    @vllm_uses(
+        "catalog_mrv2",
+        mirrors=(f"{_RUNNER}.load_model",),
+        calls=(
+            f"{_EAGLE3}:set_eagle3_aux_hidden_state_layers",
+            f"{_EAGLE3}:verify_supports_aux_hidden_states_over_pp",
+            "vllm.v1.worker.gpu.pp_utils:PPHandler.configure_aux_hidden_state_relay",
+            f"{_RUNNER}.model",
+            f"{_RUNNER}.speculative_config",
+            f"{_RUNNER}.use_pp",
+            f"{_RUNNER}.pp_handler",
+        ),
+    )
+    def _initpipe_aux_hidden_states(self) -> None:
+        """Stock ``load_model``'s set-up of the target's auxiliary hidden states (EAGLE-3
+        style drafting), line for line: the layers, and over PP the check and the relay."""
+        from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (
+            set_eagle3_aux_hidden_state_layers,
+            verify_supports_aux_hidden_states_over_pp,
+        )
+
+        s: Any = self
+        set_eagle3_aux_hidden_state_layers(s.model, s.speculative_config)
+        if s.use_pp:
+            verify_supports_aux_hidden_states_over_pp(s.model, s.speculative_config.method)
+            s.pp_handler.configure_aux_hidden_state_relay(s.model)
 
     @vllm_uses(
         "catalog_mrv2",
@@ -587,9 +610,76 @@ class PipelinedRunnerV2Mixin(adapter.PipelineHost):
             return int(super().profile_cudagraph_memory())  # type: ignore[misc]
 
 
+# -- vLLM 0.33.0 -------------------------------------------------------------------------
+#: The runner attribute each 0.33.0 start input is read from, where the names differ.
+_START_ATTR_0_33_0 = {"pcp_manager_at_init": "pcp_manager"}
+#: The MRv2 catalog's start inputs on 0.33.0 (``releases.v0_33_0.INPUTS``) read as runner
+#: attributes, as ``(input, attribute)``.
+_START_0_33_0 = tuple(
+    (name, _START_ATTR_0_33_0.get(name, name))
+    for name in releases.inputs("0.33.0", MRV2_CATALOG.name)["start"]
+    if name != "runner_settings"
+)
+
+
+@vllm_uses(
+    "catalog_mrv2",
+    calls=adapter.owned(_RUNNER, tuple(attr for _, attr in _START_0_33_0)),
+    release="0.33.0",
+    replaces=("initpipe_vllm.hook.runner_v2:start_inputs_v2",),
+)
+def start_inputs_v2_0_33_0(runner: Any) -> dict[str, Any]:
+    """The MRv2 catalog's start inputs on 0.33.0: 0.32.0's and the PCP manager the
+    runner's ``__init__`` built there (``pcp_manager_at_init``)."""
+    inputs = {name: getattr(runner, attr) for name, attr in _START_0_33_0}
+    return inputs | {"runner_settings": RunnerV2Settings.from_runner(runner)}
+
+
+#: Model Runner V2's adapter on vLLM 0.33.0: 0.32.0's tables but the start inputs (the
+#: KV phase writes ``pcp_manager`` back unchanged: the runner's own object), building the
+#: 0.33.0 catalog (:mod:`initpipe_vllm.releases.v0_33_0`).
+V2_ADAPTER_0_33_0 = attrs.evolve(V2_ADAPTER, release="0.33.0", start_inputs=start_inputs_v2_0_33_0)
+
+
+class PipelinedRunnerV2Mixin_0_33_0(PipelinedRunnerV2Mixin):
+    """The MRv2 mixin on vLLM 0.33.0 (registered under ``("v2", "0.33.0")``): 0.33's
+    ``load_model`` sets the auxiliary hidden states up in one call."""
+
+    initpipe_adapter = V2_ADAPTER_0_33_0
+
+    @vllm_uses(
+        "catalog_mrv2",
+        mirrors=(f"{_RUNNER}.load_model",),
+        calls=(
+            f"{_EAGLE3}:set_eagle3_aux_hidden_state_layers",
+            "vllm.v1.worker.gpu.pp_utils:PPHandler.configure_aux_hidden_state_relay",
+            f"{_RUNNER}.model",
+            f"{_RUNNER}.speculative_config",
+            f"{_RUNNER}.use_pp",
+            f"{_RUNNER}.pp_handler",
+        ),
+        release="0.33.0",
+        replaces=(
+            "initpipe_vllm.hook.runner_v2:PipelinedRunnerV2Mixin._initpipe_aux_hidden_states",
+        ),
+    )
+    def _initpipe_aux_hidden_states(self) -> None:
+        """0.33's: ``set_eagle3_aux_hidden_state_layers`` checks PP support itself
+        (``use_pp``); the relay is configured wherever the runner has a PP handler."""
+        from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (
+            set_eagle3_aux_hidden_state_layers,
+        )
+
+        s: Any = self
+        set_eagle3_aux_hidden_state_layers(s.model, s.speculative_config, s.use_pp)
+        if s.pp_handler is not None:
+            s.pp_handler.configure_aux_hidden_state_relay(s.model)
+
+
 def pipelined_runner_v2_class(base: type | None = None) -> type:
-    """``Pipelined<Base>V2``: the MRv2 mixin over ``base`` (default: the platform's)."""
-    return adapter.pipelined_class(V2_ADAPTER, base)
+    """``Pipelined<Base>V2``: the MRv2 mixin of the installed vLLM's release
+    (:func:`~.adapter.installed_adapter`) over ``base`` (default: the platform's)."""
+    return adapter.pipelined_class(adapter.installed_adapter("v2"), base)
 
 
 def resolve_v2_class(name: str) -> type | None:

@@ -231,6 +231,31 @@ def adaptive_verification(
     target_attn_layer_names: Any,
 ) -> Any:
     """The adaptive-verification manager of a speculator that enables it (else None)."""
+    return build_adaptive_verification(
+        vllm_config,
+        speculator,
+        attn_groups,
+        req_states,
+        input_buffers,
+        model_state,
+        runner_settings,
+        target_attn_layer_names,
+    )
+
+
+def build_adaptive_verification(
+    vllm_config: VllmConfig,
+    speculator: Any,
+    attn_groups: list[list[Any]],
+    req_states: Any,
+    input_buffers: Any,
+    model_state: Any,
+    runner_settings: RunnerV2Settings,
+    target_attn_layer_names: Any,
+    **release_kwargs: Any,
+) -> Any:
+    """The body of :func:`adaptive_verification`; ``release_kwargs`` go to vLLM's
+    ``maybe_create_adaptive_verification_manager`` (what a later release adds)."""
     from vllm.v1.worker.gpu.spec_decode.adaptive_verification import (
         maybe_create_adaptive_verification_manager,
     )
@@ -246,6 +271,7 @@ def adaptive_verification(
         vllm_config=vllm_config,
         target_layer_names=target_attn_layer_names,
         additional_attn_cg_support=model_state.get_additional_cg_support(),
+        **release_kwargs,
     )
 
 
@@ -261,6 +287,17 @@ def block_tables(
     device: Any, block_table_geometry: BlockTableGeometry, runner_settings: RunnerV2Settings
 ) -> Any:
     """vLLM's ``BlockTables`` for this KV cache's groups (rebuilt by every KV phase)."""
+    return build_block_tables(device, block_table_geometry, runner_settings)
+
+
+def build_block_tables(
+    device: Any,
+    block_table_geometry: BlockTableGeometry,
+    runner_settings: RunnerV2Settings,
+    **release_kwargs: Any,
+) -> Any:
+    """The body of :func:`block_tables`; ``release_kwargs`` go to ``BlockTables`` (what a
+    later release's constructor adds)."""
     from vllm.v1.worker.gpu.block_table import BlockTables
 
     g, s = block_table_geometry, runner_settings
@@ -275,6 +312,7 @@ def block_tables(
         cp_size=s.dcp_size,
         cp_rank=s.dcp_rank,
         cp_interleave=g.cp_interleave,
+        **release_kwargs,
     )
 
 

@@ -119,6 +119,19 @@ def batch_sharder(
 
     None otherwise (vLLM warns once when the model lacks ``compute_logits_local``).
     """
+    return build_batch_sharder(vllm_config, model, runner_settings, decode_query_len, device)
+
+
+def build_batch_sharder(
+    vllm_config: VllmConfig,
+    model: Any,
+    runner_settings: RunnerV2Settings,
+    decode_query_len: int,
+    device: Any,
+    **release_kwargs: Any,
+) -> Any:
+    """The body of :func:`batch_sharder`; ``release_kwargs`` go to ``BatchSharder`` (what a
+    later release's constructor adds: its variant passes them)."""
     from vllm.logger import init_logger
     from vllm.v1.worker.gpu.sample.batch_shard import BatchSharder
 
@@ -136,6 +149,7 @@ def batch_sharder(
         max_num_reqs=runner_settings.max_num_reqs,
         max_num_logits_per_req=decode_query_len,
         device=device,
+        **release_kwargs,
     )
 
 
@@ -297,6 +311,19 @@ def structured_outputs_worker(
     device: Any, runner_settings: RunnerV2Settings, model_state: Any, decode_query_len: int
 ) -> Any:
     """The structured-outputs (grammar mask) worker (last PP rank, generating; else None)."""
+    return build_structured_outputs_worker(
+        device,
+        runner_settings,
+        decode_query_len,
+        num_bonus_tokens=model_state.num_new_sampled_tokens_per_step,
+    )
+
+
+def build_structured_outputs_worker(
+    device: Any, runner_settings: RunnerV2Settings, decode_query_len: int, **release_kwargs: Any
+) -> Any:
+    """The body of :func:`structured_outputs_worker`; ``release_kwargs`` go to
+    ``StructuredOutputsWorker`` (what a release's constructor takes beyond the common ones)."""
     if not _samples(runner_settings):
         return None
     from vllm.v1.worker.gpu.structured_outputs import StructuredOutputsWorker
@@ -306,7 +333,7 @@ def structured_outputs_worker(
         vocab_size=runner_settings.vocab_size,
         device=device,
         mask_stride=decode_query_len,
-        num_bonus_tokens=model_state.num_new_sampled_tokens_per_step,
+        **release_kwargs,
     )
 
 

@@ -79,6 +79,10 @@ class BlockTableGeometry:
         slot_mapping_enabled: whether the group's layers use a slot mapping.
         dcp_sharded: whether the group's cache is sharded over DCP ranks.
         cp_interleave: ``parallel_config.cp_kv_cache_interleave_size`` at KV time.
+        sliding_window_reach: each group's sliding-window reach (the tokens below a
+            request's first scheduled position attention may still read; 0: not a sliding
+            window), for the releases whose ``BlockTables`` takes it (0.33.0); None where
+            the release's does not.
     """
 
     block_sizes: tuple[int, ...] = attrs.field(converter=_ints)
@@ -86,3 +90,6 @@ class BlockTableGeometry:
     slot_mapping_enabled: tuple[bool, ...] = attrs.field(converter=_bools)
     dcp_sharded: tuple[bool, ...] = attrs.field(converter=_bools)
     cp_interleave: int
+    sliding_window_reach: tuple[int, ...] | None = attrs.field(
+        default=None, converter=attrs.converters.optional(_ints)
+    )

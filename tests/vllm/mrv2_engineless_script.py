@@ -188,12 +188,11 @@ def fault_checks(model: str) -> dict[str, Any]:
     from initpipe import KV, MODEL
     from initpipe.testing import clear_faults, inject_fault
     from initpipe_vllm.hook.runner_v2 import pipelined_runner_v2_class
-    from initpipe_vllm.mrv2 import base_catalog
-    from initpipe_vllm.testing import build_runner, tiny_vllm_config
+    from initpipe_vllm.testing import build_runner, installed_catalog, tiny_vllm_config
     from initpipe_vllm.testing.equivalence import runner_snapshot
     from initpipe_vllm.testing.snapshot import diff_snapshots
 
-    catalog = base_catalog()
+    catalog = installed_catalog("v2")  # the installed release's: its variants fail too
     cfg = tiny_vllm_config(model)
     runner = build_runner(cfg, pipelined_runner_v2_class())
     kv_cfg = _plan(cfg, runner)
@@ -201,6 +200,7 @@ def fault_checks(model: str) -> dict[str, Any]:
         "model": [],
         "kv": [],
         "order": {MODEL: catalog.phase_order(MODEL), KV: catalog.phase_order(KV)},
+        "runner_catalog_is_installed": runner.initpipe_pipeline is catalog,
     }
     with set_current_vllm_config(cfg), _Spy() as spy:
         _init(cfg, runner, kv_cfg)

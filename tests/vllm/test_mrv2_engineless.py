@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from initpipe_vllm.mrv2 import base_catalog
-from initpipe_vllm.testing import triton_cpu
+from initpipe_vllm.testing import installed_catalog, triton_cpu
 
 SCRIPT = Path(__file__).with_name("mrv2_engineless_script.py")
 
@@ -68,7 +67,7 @@ def _check_error(err: dict, name: str, phase: str, order: list[str], after: bool
     i = order.index(name)
     completed = order[: i + 1] if after else order[:i]
     assert err["is_stage_error"] and err["stage"] == name and err["phase"] == phase
-    assert err["qualname"] == base_catalog().specs[name].qualname
+    assert err["qualname"] == installed_catalog("v2").specs[name].qualname
     assert err["completed"] == completed
     assert err["rolled_back"] == completed[::-1]
     assert err["teardown_error"] is None
@@ -79,7 +78,9 @@ def _check_error(err: dict, name: str, phase: str, order: list[str], after: bool
 def test_a_fault_at_every_kv_stage_rolls_back_frees_and_retries(result) -> None:
     faults = result["faults"]
     order = faults["order"]["kv_cache_config"]
-    assert order == base_catalog().phase_order("kv_cache_config")
+    # the installed vLLM release's catalog (its variants included), the runner's own
+    assert order == installed_catalog("v2").phase_order("kv_cache_config")
+    assert faults["runner_catalog_is_installed"]
     seen = {(r["stage"], r["after"]) for r in faults["kv"]}
     assert seen == {(n, a) for n in order for a in (False, True)}
     for rec in faults["kv"]:
@@ -94,7 +95,7 @@ def test_a_fault_at_every_kv_stage_rolls_back_frees_and_retries(result) -> None:
 def test_a_fault_at_every_model_stage_leaves_nothing_and_retries(result) -> None:
     faults = result["faults"]
     order = faults["order"]["model"]
-    assert order == base_catalog().phase_order("model")
+    assert order == installed_catalog("v2").phase_order("model")
     assert {(r["stage"], r["after"]) for r in faults["model"]} == {
         (n, a) for n in order for a in (False, True)
     }

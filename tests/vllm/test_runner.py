@@ -17,8 +17,8 @@ import torch
 
 from initpipe import KV, PhaseOrderError, stage
 from initpipe.errors import StageError
-from initpipe_vllm import catalog
 from initpipe_vllm.runner import engine_kv_cache_config
+from initpipe_vllm.testing import installed_catalog
 from initpipe_vllm.testing.snapshot import runner_snapshot, stock_differences
 
 MODELS = [
@@ -268,6 +268,27 @@ def test_kv_sharing_target_after_its_sharer_runs_as_stock_runs_it(make) -> None:
     )
 
 
+def test_a_draft_models_layers_are_marked_in_their_specs_as_stock_marks_them(make) -> None:
+    """vLLM 0.33's ``get_kv_cache_spec`` marks the layers a drafter registered
+    (``is_draft_layer``, set when it loads) ``is_draft=True`` in their specs, and its KV
+    planning marks the EAGLE groups by it. The field is left out of spec equality, so the
+    marks are compared by themselves. 0.32's specs have no such field (both sides None)."""
+    from initpipe_vllm.hook.adapter import installed_adapter
+
+    draft = "model.layers.1.self_attn.attn"
+    marks = []
+    for pipelined in (False, True):
+        m = make("tiny-llama", pipelined=pipelined, plan=False)
+        m.cfg.compilation_config.static_forward_context[draft].is_draft_layer = True
+        with m.current():
+            specs = m.runner.get_kv_cache_spec()
+        marks.append({name: getattr(spec, "is_draft", None) for name, spec in specs.items()})
+    stock, piped = marks
+    assert piped == stock
+    if installed_adapter("v1").release != "0.32.0":  # the contract's answer, not a version
+        assert stock == {"model.layers.0.self_attn.attn": False, draft: True}
+
+
 def test_max_model_len_is_read_at_kv_time(make) -> None:
     """The engine may shrink max_model_len between the phases (auto-fit, RPC
     update_max_model_len); the KV phase must use the new value, like stock vLLM."""
@@ -290,7 +311,7 @@ def test_engine_kv_cache_config_inverts_the_runner_working_copy(make) -> None:
 
 def _failing_once(name: str):
     """A replacement for stage ``name`` that raises on its first call only."""
-    original = catalog().specs[name]
+    original = installed_catalog().specs[name]
     calls = []
 
     @functools.wraps(original.func)  # the stage's signature (inputs) is the original's
@@ -317,7 +338,7 @@ def test_a_failing_stage_rolls_back_and_a_retry_works(make, failing) -> None:
     from initpipe_vllm.runner import pipelined_runner_class
     from initpipe_vllm.testing import build_runner, plan_kv_cache_config, tiny_vllm_config
 
-    pipeline = catalog().replace(failing, _failing_once(failing))
+    pipeline = installed_catalog().replace(failing, _failing_once(failing))
     cfg = tiny_vllm_config("tiny-llama")
     runner = build_runner(cfg, pipelined_runner_class(), pipeline=pipeline)
     kv = plan_kv_cache_config(runner)
