@@ -330,8 +330,17 @@ def runner_snapshot(runner: Any, *, blocks: bool = True) -> dict[str, Any]:
 
 #: Scheduler attributes that count what an engine has done so far (steps), not how it is
 #: configured: left out of :func:`scheduler_snapshot`, two engines with different pasts
-#: differ there by design.
-SCHEDULER_HISTORY = frozenset({"current_step", "sched_step_seq", "processed_step_seq"})
+#: differ there by design (vLLM 0.33.0 adds ``num_executed_steps`` and the step of the
+#: last prefill, ``last_prefill_step``).
+SCHEDULER_HISTORY = frozenset(
+    {
+        "current_step",
+        "sched_step_seq",
+        "processed_step_seq",
+        "num_executed_steps",
+        "last_prefill_step",
+    }
+)
 
 
 def scheduler_snapshot(core: Any) -> dict[str, Any]:
