@@ -113,7 +113,7 @@ def _plan_kv_cache_configs_0_33_0(
     """vLLM 0.33.0: as ``EngineCore._initialize_kv_caches`` plans — the whole model's
     groups (``get_global_kv_cache_groups``), then each worker's config from them
     (``get_kv_cache_configs``), both through the platform's ``KVCacheConfigBuilder``."""
-    from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
+    from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs  # type: ignore[import-not-found, unused-ignore]
 
     with blocks_override(vllm_config.cache_config, num_blocks):
         groups = get_global_kv_cache_groups(vllm_config, list(specs))
@@ -133,8 +133,8 @@ def kv_cache_groups(vllm_config: Any, spec: Mapping[str, Any]) -> list[Any]:
 def _kv_cache_groups_0_33_0(vllm_config: Any, spec: Mapping[str, Any]) -> list[Any]:
     """vLLM 0.33.0: through the platform's ``KVCacheConfigBuilder``
     (``get_kv_cache_groups_from_builder``), as ``_init_minimal_kv_cache_for_profiling``."""
-    from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder
-    from vllm.v1.core.kv_cache_planning import get_kv_cache_groups_from_builder
+    from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder  # type: ignore[import-not-found, unused-ignore]
+    from vllm.v1.core.kv_cache_planning import get_kv_cache_groups_from_builder  # type: ignore[import-not-found, unused-ignore]
 
     builder = get_kv_cache_config_builder(vllm_config)
     return get_kv_cache_groups_from_builder(builder, vllm_config, spec)  # type: ignore[no-any-return]
@@ -164,8 +164,8 @@ def _kv_cache_config_from_groups_0_33_0(
     ``get_kv_cache_config_from_groups(vllm_config, groups, num_blocks)``, as
     ``_init_minimal_kv_cache_for_profiling`` calls it); otherwise the memory sizes the
     cache through ``kv_cache_planning.get_kv_cache_config_from_groups``."""
-    from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder
-    from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
+    from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder  # type: ignore[import-not-found, unused-ignore]
+    from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups  # type: ignore[import-not-found, unused-ignore]
 
     with blocks_override(vllm_config.cache_config, num_blocks):
         if isinstance(num_blocks, int):
