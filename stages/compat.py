@@ -11,9 +11,17 @@ Nothing here imports vLLM at import time.
 
 Bound so far: KV cache planning. Every planner of initpipe (live resize, ``initpipe plan``,
 the test kit) ran vLLM's planning with ``cache_config.num_gpu_blocks_override`` set for the
-call and restored after; :func:`plan_kv_cache_configs` (``get_kv_cache_configs``) and
-:func:`kv_cache_config_from_groups` (``get_kv_cache_config_from_groups``, the test kit's
-profiling-size cache) do it once, through :func:`blocks_override`.
+call and restored after; :func:`plan_kv_cache_configs` (``get_kv_cache_configs``),
+:func:`kv_cache_groups` and :func:`kv_cache_config_from_groups` (``get_kv_cache_groups`` /
+``get_kv_cache_config_from_groups``, the test kit's profiling-size cache) do it once,
+through :func:`blocks_override`.
+
+vLLM 0.33.0 moved planning to ``vllm.v1.core.kv_cache_planning`` and made it pluggable:
+``get_global_kv_cache_groups`` groups every worker's layers, then ``get_kv_cache_configs``
+takes those groups, both through the platform's ``KVCacheConfigBuilder``
+(``Platform.get_kv_cache_config_builder_cls``; the default builder also honours a model's
+own grouping). The 0.33.0 variants below call exactly that, so a platform's or a model's
+builder plans initpipe's caches as it plans vLLM's.
 """
 
 from __future__ import annotations
@@ -24,8 +32,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from .contract.declare import vllm_uses
+from .contract.variants import by_release
 
-__all__ = ["CLEARED", "blocks_override", "kv_cache_config_from_groups", "plan_kv_cache_configs"]
+__all__ = [
+    "CLEARED",
+    "blocks_override",
+    "kv_cache_config_from_groups",
+    "kv_cache_groups",
+    "plan_kv_cache_configs",
+]
 
 
 class _Override(enum.Enum):
@@ -56,6 +71,7 @@ def blocks_override(cache_config: Any, num_blocks: Blocks) -> Iterator[None]:
         cache_config.num_gpu_blocks_override = saved
 
 
+@by_release("plan")
 @vllm_uses(("plan", "resize"), calls=("vllm.v1.core.kv_cache_utils:get_kv_cache_configs",))
 def plan_kv_cache_configs(
     vllm_config: Any,
@@ -77,6 +93,54 @@ def plan_kv_cache_configs(
         return get_kv_cache_configs(vllm_config, specs, memory)  # type: ignore[no-any-return]
 
 
+@plan_kv_cache_configs.variant("0.33.0")
+@vllm_uses(
+    ("plan", "resize"),
+    calls=(
+        "vllm.v1.core.kv_cache_planning:get_global_kv_cache_groups",
+        "vllm.v1.core.kv_cache_planning:get_kv_cache_configs",
+    ),
+    release="0.33.0",
+    replaces=("initpipe_vllm.compat:plan_kv_cache_configs",),
+)
+def _plan_kv_cache_configs_0_33_0(
+    vllm_config: Any,
+    specs: Sequence[Mapping[str, Any]],
+    memory: Sequence[int],
+    *,
+    num_blocks: Blocks = None,
+) -> list[Any]:
+    """vLLM 0.33.0: as ``EngineCore._initialize_kv_caches`` plans — the whole model's
+    groups (``get_global_kv_cache_groups``), then each worker's config from them
+    (``get_kv_cache_configs``), both through the platform's ``KVCacheConfigBuilder``."""
+    from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs  # type: ignore[import-not-found, unused-ignore]
+
+    with blocks_override(vllm_config.cache_config, num_blocks):
+        groups = get_global_kv_cache_groups(vllm_config, list(specs))
+        return get_kv_cache_configs(vllm_config, specs, memory, groups)  # type: ignore[no-any-return]
+
+
+@by_release("plan")
+def kv_cache_groups(vllm_config: Any, spec: Mapping[str, Any]) -> list[Any]:
+    """vLLM's KV cache groups of one worker's layers (``get_kv_cache_groups``), as the
+    runner groups them for its profiling-size cache. The test kit's; declares nothing."""
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
+
+    return get_kv_cache_groups(vllm_config, spec)  # type: ignore[no-any-return]
+
+
+@kv_cache_groups.variant("0.33.0")
+def _kv_cache_groups_0_33_0(vllm_config: Any, spec: Mapping[str, Any]) -> list[Any]:
+    """vLLM 0.33.0: through the platform's ``KVCacheConfigBuilder``
+    (``get_kv_cache_groups_from_builder``), as ``_init_minimal_kv_cache_for_profiling``."""
+    from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder  # type: ignore[import-not-found, unused-ignore]
+    from vllm.v1.core.kv_cache_planning import get_kv_cache_groups_from_builder  # type: ignore[import-not-found, unused-ignore]
+
+    builder = get_kv_cache_config_builder(vllm_config)
+    return get_kv_cache_groups_from_builder(builder, vllm_config, spec)  # type: ignore[no-any-return]
+
+
+@by_release("plan")
 def kv_cache_config_from_groups(
     vllm_config: Any, groups: Sequence[Any], *, num_blocks: Blocks, available_memory: int = 0
 ) -> Any:
@@ -90,3 +154,21 @@ def kv_cache_config_from_groups(
         return get_kv_cache_config_from_groups(
             vllm_config, groups, available_memory=available_memory
         )
+
+
+@kv_cache_config_from_groups.variant("0.33.0")
+def _kv_cache_config_from_groups_0_33_0(
+    vllm_config: Any, groups: Sequence[Any], *, num_blocks: Blocks, available_memory: int = 0
+) -> Any:
+    """vLLM 0.33.0: a block count goes to the platform's ``KVCacheConfigBuilder`` (its
+    ``get_kv_cache_config_from_groups(vllm_config, groups, num_blocks)``, as
+    ``_init_minimal_kv_cache_for_profiling`` calls it); otherwise the memory sizes the
+    cache through ``kv_cache_planning.get_kv_cache_config_from_groups``."""
+    from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder  # type: ignore[import-not-found, unused-ignore]
+    from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups  # type: ignore[import-not-found, unused-ignore]
+
+    with blocks_override(vllm_config.cache_config, num_blocks):
+        if isinstance(num_blocks, int):
+            builder = get_kv_cache_config_builder(vllm_config)
+            return builder.get_kv_cache_config_from_groups(vllm_config, list(groups), num_blocks)
+        return get_kv_cache_config_from_groups(vllm_config, list(groups), available_memory)

@@ -1,4 +1,4 @@
-"""Replays of vLLM 0.32.0 code a resize needs: planning a KV cache and rebuilding the
+"""Replays of vLLM code a resize needs: planning a KV cache and rebuilding the
 scheduler's KV cache manager.
 
 What belongs here: the two places where a resize must do what vLLM does once at start and
@@ -16,6 +16,7 @@ import attrs
 
 from ..compat import CLEARED, plan_kv_cache_configs
 from ..contract.declare import vllm_uses
+from ..contract.variants import by_release
 from ..errors import ResizeRefusedError
 
 __all__ = ["Plan", "plan", "plan_or_explain", "rebuild_scheduler_kv", "refuse"]
@@ -181,31 +182,16 @@ def plan_or_explain(
 
 
 # -- the scheduler ------------------------------------------------------------------------
-@vllm_uses(
-    "resize",
-    mirrors=("vllm.v1.core.sched.scheduler:Scheduler.__init__",),
-    calls=(
-        "vllm.utils.math_utils:cdiv",
-        "vllm.v1.core.kv_cache_manager:KVCacheManager",
-        "vllm.v1.core.kv_cache_utils:update_kv_cache_capacity",
-        "vllm.v1.kv_cache_interface:MambaSpec",
-    ),
-)
-def rebuild_scheduler_kv(core: Any, new: Plan) -> None:
-    """Give the scheduler a new ``KVCacheManager`` for ``new``; recompute what derives from
-    the KV config, exactly as ``Scheduler.__init__`` (vLLM 0.32.0) does; re-bind the
-    connector; update the engine's capacity figures. Builds first, assigns last."""
-    from vllm.utils.math_utils import cdiv
+def _kv_cache_manager(core: Any, new: Plan, **more: Any) -> Any:
+    """The ``KVCacheManager`` ``Scheduler.__init__`` builds, for ``new`` (``more``: the
+    arguments a later release adds)."""
     from vllm.v1.core.kv_cache_manager import KVCacheManager
-    from vllm.v1.core.kv_cache_utils import update_kv_cache_capacity
-    from vllm.v1.kv_cache_interface import MambaSpec
 
     sched = core.scheduler
     vllm_config = core.vllm_config
     cache = vllm_config.cache_config
-    cfg = new.scheduler_config
-    manager = KVCacheManager(
-        kv_cache_config=cfg,
+    return KVCacheManager(
+        kv_cache_config=new.scheduler_config,
         max_model_len=sched.max_model_len,
         max_in_flight_tokens=vllm_config.max_in_flight_tokens,
         enable_caching=cache.enable_prefix_caching,
@@ -220,18 +206,41 @@ def rebuild_scheduler_kv(core: Any, new: Plan) -> None:
         metrics_collector=sched.kv_metrics_collector,
         watermark=sched.scheduler_config.watermark,
         enable_mamba_shared_prefix_checkpoint=cache.enable_mamba_shared_prefix_checkpoint,
+        **more,
     )
-    groups = cfg.kv_cache_groups
-    replay_ids = tuple(i for i, g in enumerate(groups) if g.kv_cache_spec.prefix_replay_tokens > 0)
-    windows = {groups[i].kv_cache_spec.prefix_replay_tokens for i in replay_ids}
+
+
+def _spec_decode_step_blocks(sched: Any, manager: Any) -> int:
+    """``Scheduler._spec_decode_step_blocks`` for ``manager`` (Mamba managers already
+    account for their speculative state blocks)."""
+    from vllm.utils.math_utils import cdiv
+    from vllm.v1.kv_cache_interface import MambaSpec
+
     num_spec = (
         1 + sched.num_spec_tokens + sched.num_lookahead_tokens if sched.num_spec_tokens else 0
     )
-    spec_step_blocks = sum(
+    return sum(
         cdiv(num_spec, m.block_size)
         for m in manager.coordinator.single_type_managers
         if not isinstance(m.kv_cache_spec, MambaSpec)
     )
+
+
+def _assign(core: Any, new: Plan, manager: Any, spec_step_blocks: int, **more: Any) -> None:
+    """Give the scheduler ``manager`` and every attribute ``Scheduler.__init__`` derives
+    from the KV config in every release (``more``: the scheduler attributes a later
+    release also derives, already built); re-bind the connector; update the engine's
+    capacity figures. Reads only before the first assignment."""
+    from vllm.v1.core.kv_cache_utils import update_kv_cache_capacity
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    sched = core.scheduler
+    vllm_config = core.vllm_config
+    cache = vllm_config.cache_config
+    cfg = new.scheduler_config
+    groups = cfg.kv_cache_groups
+    replay_ids = tuple(i for i, g in enumerate(groups) if g.kv_cache_spec.prefix_replay_tokens > 0)
+    windows = {groups[i].kv_cache_spec.prefix_replay_tokens for i in replay_ids}
     # -- assign (nothing above touched the scheduler) --
     sched.kv_cache_config = cfg
     sched.block_size = new.scheduler_block_size
@@ -240,6 +249,8 @@ def rebuild_scheduler_kv(core: Any, new: Plan) -> None:
     sched.prefix_replay_tokens = windows.pop() if windows else 0
     sched.kv_cache_manager = manager
     sched._spec_decode_step_blocks = spec_step_blocks
+    for name, value in more.items():
+        setattr(sched, name, value)
     if sched.connector is not None:
         sched.connector.bind_kv_cache_manager(manager)
     sched.has_mamba_layers = cfg.has_mamba_layers
@@ -275,3 +286,66 @@ def rebuild_scheduler_kv(core: Any, new: Plan) -> None:
     cache.block_size = new.block_size
     update_kv_cache_capacity(vllm_config, cfg)
     core._initialize_effective_attention_block_size()
+
+
+@by_release("resize")
+@vllm_uses(
+    "resize",
+    mirrors=("vllm.v1.core.sched.scheduler:Scheduler.__init__",),
+    calls=(
+        "vllm.utils.math_utils:cdiv",
+        "vllm.v1.core.kv_cache_manager:KVCacheManager",
+        "vllm.v1.core.kv_cache_utils:update_kv_cache_capacity",
+        "vllm.v1.kv_cache_interface:MambaSpec",
+    ),
+)
+def rebuild_scheduler_kv(core: Any, new: Plan) -> None:
+    """Give the scheduler a new ``KVCacheManager`` for ``new``; recompute what derives from
+    the KV config, exactly as ``Scheduler.__init__`` (vLLM 0.32.0) does; re-bind the
+    connector; update the engine's capacity figures. Builds first, assigns last."""
+    manager = _kv_cache_manager(core, new)
+    _assign(core, new, manager, _spec_decode_step_blocks(core.scheduler, manager))
+
+
+@rebuild_scheduler_kv.variant("0.33.0")
+@vllm_uses(
+    "resize",
+    mirrors=("vllm.v1.core.sched.scheduler:Scheduler.__init__",),
+    calls=(
+        "vllm.distributed.aux_output_connector.connector:AuxOutputSchedulerConnector",
+        "vllm.utils.math_utils:cdiv",
+        "vllm.v1.core.kv_cache_manager:KVCacheManager",
+        "vllm.v1.core.kv_cache_utils:update_kv_cache_capacity",
+        "vllm.v1.kv_cache_interface:KVCacheConfig",
+        "vllm.v1.kv_cache_interface:MambaSpec",
+    ),
+    release="0.33.0",
+    replaces=("initpipe_vllm.resize.replay:rebuild_scheduler_kv",),
+)
+def _rebuild_scheduler_kv_0_33_0(core: Any, new: Plan) -> None:
+    """vLLM 0.33.0's ``Scheduler.__init__``, its KV-derived part: as 0.32.0's, plus the
+    manager's ``num_hash_lookahead_tokens`` (the scheduler's, from the config), the auxiliary
+    output connector rebuilt on the new manager (it holds the manager, its block pool and
+    the pool's size), and ``defer_async_loads`` (HiSparse: from the new config's
+    ``hisparse_host_num_blocks``). Builds first, assigns last."""
+    sched = core.scheduler
+    manager = _kv_cache_manager(
+        core, new, num_hash_lookahead_tokens=sched.num_hash_lookahead_tokens
+    )
+    spec_step_blocks = _spec_decode_step_blocks(sched, manager)
+    aux = None
+    if core.vllm_config.aux_output_config.enabled:
+        from vllm.distributed.aux_output_connector.connector import AuxOutputSchedulerConnector
+
+        aux = AuxOutputSchedulerConnector(manager, sched.connector)
+    defer_async_loads = (
+        sched.defer_block_free and new.scheduler_config.hisparse_host_num_blocks is not None
+    )
+    _assign(
+        core,
+        new,
+        manager,
+        spec_step_blocks,
+        aux_output_connector=aux,
+        defer_async_loads=defer_async_loads,
+    )

@@ -279,14 +279,13 @@ def _minimal_profiling_kv_cache(runner: Any) -> None:
     Same steps; only the block count differs where vLLM's ``min(max_num_reqs,
     max_cudagraph_capture_size)`` fails because the CPU platform leaves no capture sizes.
     """
-    from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
     from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
-    from ..compat import kv_cache_config_from_groups
+    from ..compat import kv_cache_config_from_groups, kv_cache_groups
 
     spec = runner.get_kv_cache_spec()
     KVCacheSpecRegistry.check_kv_cache_spec_registry(spec)
-    groups = get_kv_cache_groups(runner.vllm_config, spec)
+    groups = kv_cache_groups(runner.vllm_config, spec)
     capture = runner.compilation_config.max_cudagraph_capture_size
     min_blocks = (
         min(runner.max_num_reqs, capture if capture is not None else runner.max_num_reqs) or 1

@@ -330,15 +330,44 @@ def runner_snapshot(runner: Any, *, blocks: bool = True) -> dict[str, Any]:
 
 #: Scheduler attributes that count what an engine has done so far (steps), not how it is
 #: configured: left out of :func:`scheduler_snapshot`, two engines with different pasts
-#: differ there by design.
-SCHEDULER_HISTORY = frozenset({"current_step", "sched_step_seq", "processed_step_seq"})
+#: differ there by design (vLLM 0.33.0 adds ``num_executed_steps`` and the step of the
+#: last prefill, ``last_prefill_step``).
+SCHEDULER_HISTORY = frozenset(
+    {
+        "current_step",
+        "sched_step_seq",
+        "processed_step_seq",
+        "num_executed_steps",
+        "last_prefill_step",
+    }
+)
+
+
+def _object_settings(obj: Any) -> dict[str, Any]:
+    """An object's class and scalar attributes (what it was built with)."""
+    out: dict[str, Any] = {"class": type(obj).__name__}
+    for name, value in sorted(vars(obj).items()):
+        rendered = _scalar(value)
+        if rendered is not ...:
+            out[name] = rendered
+    return out
+
+
+def _aux_connector(aux: Any, pool: Any) -> dict[str, Any] | None:
+    """The scheduler's auxiliary-output connector: its settings, and whether it works on
+    the scheduler's current block pool (vLLM 0.33.0 builds it on the KV cache manager)."""
+    if aux is None:
+        return None
+    return {**_object_settings(aux), "on_current_pool": getattr(aux, "_block_pool", None) is pool}
 
 
 def scheduler_snapshot(core: Any) -> dict[str, Any]:
     """An engine core's scheduler-side KV state as plain data: the block pool (blocks, free
     blocks in queue order, cached blocks), the KV cache config and groups, each group
     manager, every scalar setting on the scheduler (those derived from the KV config
-    included; :data:`SCHEDULER_HISTORY` excluded) and the engine's capacity figures.
+    included; :data:`SCHEDULER_HISTORY` excluded), on its KV cache manager, coordinator,
+    block pool, group managers and auxiliary-output connector, and the engine's capacity
+    figures.
     Replaces nothing in vLLM; reads ``vllm/v1/core/sched/scheduler.py`` and
     ``vllm/v1/core/block_pool.py`` state."""
     sched = core.scheduler
@@ -377,6 +406,17 @@ def scheduler_snapshot(core: Any) -> dict[str, Any]:
             for m in mgr.coordinator.single_type_managers
         ],
         "scalars": scalars,
+        "settings": {
+            "kv_cache_manager": _object_settings(mgr),
+            "coordinator": _object_settings(mgr.coordinator),
+            "block_pool": _object_settings(pool),
+            "single_type_managers": [
+                _object_settings(m) for m in mgr.coordinator.single_type_managers
+            ],
+            "aux_output_connector": _aux_connector(
+                getattr(sched, "aux_output_connector", None), pool
+            ),
+        },
         "cache_config": {
             k: _scalar(getattr(cache, k, None))
             for k in (

@@ -63,10 +63,16 @@ def _settings(obj: Any) -> dict[str, Any]:
     return out
 
 
+#: ``BlockTables`` attributes that record what the last step did, not how the tables were
+#: built: left out, as :data:`~.snapshot.SCHEDULER_HISTORY` is (vLLM 0.33.0's
+#: ``_num_dirty_rows``: the rows of the shared input buffer the last batch wrote).
+BLOCK_TABLES_HISTORY = frozenset({"_num_dirty_rows"})
+
+
 def _block_tables(bt: Any) -> Any:
     if bt is None:
         return None
-    out = _settings(bt)
+    out = {k: v for k, v in _settings(bt).items() if k not in BLOCK_TABLES_HISTORY}
     out["slot_mapping_enabled"] = _scalar(list(getattr(bt, "_slot_mapping_enabled", [])))
     out["dcp_sharded"] = bt.dcp_sharded.tolist()
     out["input_block_tables"] = [list(t.shape) for t in bt.input_block_tables]

@@ -72,7 +72,9 @@ import attrs
 from initpipe import KV, MODEL, Pipeline
 
 from ..contract.declare import vllm_uses
+from ..contract.report import installed_release
 from ..hook.adapter import runner_adapter, runner_adapters
+from ..releases import DEFAULT_RELEASE
 from ._cli import Parser, UsageError
 from .plan_meta import (
     ASSUMED_CAPABILITY,
@@ -224,8 +226,9 @@ class Plan:
 
 
 # -- the planning pipeline ------------------------------------------------------------------
-def planning_pipeline() -> Pipeline:
-    """The catalog plus the engine-side planning stages, as one pipeline.
+def planning_pipeline(*, release: str = DEFAULT_RELEASE) -> Pipeline:
+    """The v1 catalog of vLLM ``release`` plus the engine-side planning stages, as one
+    pipeline (:func:`plan` builds it for the release the contract matched).
 
     The catalog's KV inputs ``kv_cache_config``, ``kv_cache_layout`` and ``max_model_len``
     become outputs of :mod:`.plan_stages`; the KV phase takes ``num_blocks`` or
@@ -233,7 +236,7 @@ def planning_pipeline() -> Pipeline:
     """
     from .. import catalog
 
-    base = catalog()
+    base = catalog(release=release)
     kv_inputs = {k: v for k, v in base.inputs[KV].items() if k not in _KV_FROM_PLAN}
     kv_inputs.update(num_blocks=None, kv_bytes=None)
     return Pipeline(
@@ -344,7 +347,8 @@ def plan(
         kv_cache_dtype=kv_cache_dtype,
         **parallel,
     )
-    pipeline = planning_pipeline()
+    release = installed_release("plan")
+    pipeline = planning_pipeline(release=release)
     with (
         set_current_vllm_config(cfg),
         contextlib.ExitStack() as stack,
@@ -373,7 +377,7 @@ def plan(
                 out,
                 current_platform,
             )
-            result = _with_runner(result, model_runner, cfg, out)
+            result = _with_runner(result, model_runner, cfg, out, release)
             stages = tuple(e.name for e in run.trace.events if e.kind == "stage")
     t_end = time.perf_counter()
     return attrs.evolve(
@@ -390,13 +394,16 @@ def plan(
     )
 
 
-def _with_runner(result: Plan, model_runner: str, cfg: Any, out: Any) -> Plan:
-    """The plan's block-table widths for ``model_runner`` (the KV tensors are the same)."""
+def _with_runner(result: Plan, model_runner: str, cfg: Any, out: Any, release: str) -> Plan:
+    """The plan's block-table widths for ``model_runner`` (the KV tensors are the same):
+    MRv2's from the ``block_table_geometry`` stage of vLLM ``release``'s MRv2 catalog."""
     v1 = tuple(out["input_batch_geometry"].max_num_blocks)
     if model_runner == "v1":
         return attrs.evolve(result, block_table_widths=v1)
-    from ..mrv2.kv_phase import block_table_geometry
+    from ..mrv2 import base_catalog
     from ..mrv2.types import RunnerV2Settings
+
+    block_table_geometry = base_catalog(release=release).specs["block_table_geometry"].func
 
     model = cfg.model_config
     sched = cfg.scheduler_config

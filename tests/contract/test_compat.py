@@ -18,8 +18,16 @@ from initpipe_vllm.compat import CLEARED, blocks_override
 from initpipe_vllm.contract.declare import declarations
 
 ROOT = Path(__file__).resolve().parents[2] / "stages"
-#: The vLLM callables :mod:`initpipe_vllm.compat` binds.
-BOUND = {"get_kv_cache_configs", "get_kv_cache_config_from_groups"}
+#: The vLLM callables :mod:`initpipe_vllm.compat` binds (0.32.0's and 0.33.0's planning:
+#: ``kv_cache_utils``, then ``kv_cache_planning`` through the ``KVCacheConfigBuilder``).
+BOUND = {
+    "get_kv_cache_configs",
+    "get_kv_cache_config_from_groups",
+    "get_kv_cache_groups",
+    "get_global_kv_cache_groups",
+    "get_kv_cache_groups_from_builder",
+    "get_kv_cache_config_builder",
+}
 
 
 def _uses_outside_compat() -> list[str]:
@@ -65,3 +73,29 @@ def test_the_contract_fingerprints_the_planning_call_through_compat() -> None:
     (use,) = [u for u in declarations(release="0.32.0") if u.name.endswith(":get_kv_cache_configs")]
     assert use.affects == "initpipe_vllm.compat:plan_kv_cache_configs"
     assert set(use.capabilities) == {"plan", "resize"} and use.kind == "calls"
+
+
+def test_each_release_fingerprints_its_own_planning_call_through_compat() -> None:
+    """0.32.0 plans with ``kv_cache_utils.get_kv_cache_configs``; 0.33.0 moved planning to
+    ``kv_cache_planning`` (global groups first, then each worker's config): its variant
+    replaces the base declaration there, and only there."""
+
+    def planning(release: str) -> dict[str, tuple[str, frozenset[str]]]:
+        return {
+            u.name: (u.affects, frozenset(u.capabilities))
+            for u in declarations(release=release)
+            if u.name.rpartition(":")[2] in BOUND
+        }
+
+    both = frozenset({"plan", "resize"})
+    assert planning("0.32.0") == {
+        "vllm.v1.core.kv_cache_utils:get_kv_cache_configs": (
+            "initpipe_vllm.compat:plan_kv_cache_configs",
+            both,
+        )
+    }
+    variant = "initpipe_vllm.compat:_plan_kv_cache_configs_0_33_0"
+    assert planning("0.33.0") == {
+        "vllm.v1.core.kv_cache_planning:get_global_kv_cache_groups": (variant, both),
+        "vllm.v1.core.kv_cache_planning:get_kv_cache_configs": (variant, both),
+    }

@@ -16,9 +16,11 @@ equivalence harness's workload (longer than a block, a prefix-cache hit, exact l
 - failures: a fault injected once at every KV stage (before it runs, and after it ran) makes
   the resize fail naming that stage and roll back to the previous size: after each
   rollback the runner snapshot equals the one before the failed resize, and the engine
-  keeps serving the oracle's outputs; a size too small for ``max_model_len`` and one larger than
-  the machine are refused before anything changes; a fault that also hits the rollback
-  leaves the engine released (requests refused), and a resume brings it back;
+  keeps serving the oracle's outputs; so does a failure inside the scheduler step (the
+  replayed ``Scheduler.__init__`` of the installed release), as it starts and at its
+  end; a size too small for ``max_model_len`` and one larger than the machine are
+  refused before anything changes; a fault that also hits the rollback leaves the engine
+  released (requests refused), and a resume brings it back;
 - requests: ``mode="wait"`` with a request holding KV blocks is refused in-process; with
   ``mode="abort"`` it is aborted and reported; a request queued but not started runs after
   the resize and gives the oracle's tokens; while released ``generate`` raises;
@@ -286,6 +288,7 @@ def _engine_under_test(folder: Path, extra: dict[str, Any], queued: list[int], s
             res["runner_diff"] = _same(before, runner_snapshot(runner, blocks=False))
             faults.append(res)
     rec["faults"] = faults
+    rec["scheduler_faults"] = _scheduler_faults(llm)
     rec["leaks_after_faults"] = _kv_storages_alive(llm, spy)
     llm.reset_prefix_cache()
     rec["after_faults"] = {"outputs": _outputs(llm)}
@@ -333,6 +336,71 @@ def _engine_under_test(folder: Path, extra: dict[str, Any], queued: list[int], s
     }
     engine.engine_core.shutdown()
     return rec
+
+
+@contextlib.contextmanager
+def _fails_once(owner: Any, name: str) -> Iterator[list[list[str]]]:
+    """``owner.name`` raises on its first call inside the block (then calls through); the
+    yielded list gets the names of the functions on the stack at that call."""
+    import traceback
+
+    own = name in vars(owner)
+    original = getattr(owner, name)
+    stacks: list[list[str]] = []
+
+    def fail_once(*args: Any, **kwargs: Any) -> Any:
+        if not stacks:
+            stacks.append([frame.name for frame in traceback.extract_stack()])
+            raise RuntimeError(f"injected failure in {name}")
+        return original(*args, **kwargs)
+
+    setattr(owner, name, fail_once)
+    try:
+        yield stacks
+    finally:
+        if own:
+            setattr(owner, name, original)
+        else:
+            delattr(owner, name)
+
+
+def _scheduler_faults(llm: Any) -> dict[str, Any]:
+    """A failure inside the engine core's scheduler step — the replayed
+    ``Scheduler.__init__`` of the release the contract matched — as it starts (building
+    the ``KVCacheManager``) and after it assigned everything (the engine's figures): the
+    resize C -> B rolls back to C, the scheduler configured as before it."""
+    import vllm.v1.core.kv_cache_manager as kv_cache_manager
+
+    import initpipe_vllm as ip
+    from initpipe_vllm.contract.report import installed_release
+    from initpipe_vllm.resize.replay import rebuild_scheduler_kv
+    from initpipe_vllm.testing.snapshot import scheduler_snapshot
+
+    def configured() -> dict[str, Any]:  # the pool's contents aside (a rollback empties it)
+        snap = scheduler_snapshot(_core(llm))
+        return {k: v for k, v in snap.items() if k != "pool"}
+
+    out: dict[str, Any] = {
+        "implementation": rebuild_scheduler_kv.for_release(installed_release("resize")).__name__
+    }
+    for where, owner, name in (
+        ("building", kv_cache_manager, "KVCacheManager"),
+        ("assigned", _core(llm), "_initialize_effective_attention_block_size"),
+    ):
+        before = configured()
+        with _fails_once(owner, name) as stacks:
+            try:
+                ip.resize_kv_cache(llm, num_blocks=B)
+                res: dict[str, Any] = {"error": None}
+            except Exception as err:
+                res = {"error": _error(err)}
+        res.update(
+            stack=stacks[0] if stacks else [],
+            blocks=ip.kv_cache_info(llm).num_blocks,
+            scheduler_diff=_same(before, configured()),
+        )
+        out[where] = res
+    return out
 
 
 def _connector(weights_dir: str) -> dict[str, Any]:
@@ -586,6 +654,26 @@ def test_a_fault_at_any_kv_stage_rolls_back_to_the_previous_size(result: Any) ->
         assert err["step"] == "kv_phase"
         assert f["blocks"] == C
     assert _same(result["fresh_C"]["outputs"], result["engine"]["after_faults"]["outputs"]) == []
+
+
+@pytest.mark.parametrize("where", ["building", "assigned"])
+def test_a_failure_in_the_scheduler_step_rolls_back_to_the_previous_size(
+    result: Any, where: str
+) -> None:
+    """A failure inside the replayed ``Scheduler.__init__`` — the variant of the release
+    the contract matched (vLLM 0.33.0's on 0.33) — before it touched the scheduler and
+    after it assigned everything: the resize fails at the scheduler step, rolls back, and
+    the scheduler is configured as before; the engine then serves the oracle's outputs
+    (``test_a_fault_at_any_kv_stage_rolls_back_to_the_previous_size``)."""
+    faults = result["engine"]["scheduler_faults"]
+    got = faults[where]
+    err = got["error"]
+    assert err is not None and err["type"] == "ResizeError", got
+    assert err["rolled_back"] is True and err["step"] == "scheduler", err
+    assert "injected failure" in err["message"], err
+    assert faults["implementation"] in got["stack"], (faults["implementation"], got["stack"])
+    assert got["blocks"] == C
+    assert got["scheduler_diff"] == []
 
 
 def test_each_rollback_leaves_the_runner_as_before_the_failed_resize(result: Any) -> None:

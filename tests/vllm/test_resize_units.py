@@ -428,3 +428,163 @@ def test_a_rank_answer_that_is_not_its_record_names_the_keys() -> None:
     with pytest.raises(RankRecordError, match=r"unknown \['reqs'\]") as info:
         RankRequests.from_dict({"ok": True, "rank": 0, "requests": [], "reqs": []})
     assert (info.value.record, info.value.missing) == ("RankRequests", [])
+
+
+# -- the replayed Scheduler.__init__ against a fresh scheduler ------------------------------
+def _scheduler_for(cfg: Any, plan: Any, *, log_stats: bool) -> Any:
+    """vLLM's own ``Scheduler`` for ``plan``, as ``EngineCore.__init__`` builds it after
+    ``_initialize_kv_caches``."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    cfg.cache_config.num_gpu_blocks = plan.num_blocks
+    return Scheduler(
+        vllm_config=cfg,
+        kv_cache_config=plan.scheduler_config,
+        structured_output_manager=StructuredOutputManager(cfg),
+        block_size=plan.scheduler_block_size,
+        hash_block_size=plan.hash_block_size,
+        log_stats=log_stats,
+    )
+
+
+def _engine_core(cfg: Any) -> Any:
+    """What the resize replays read of an ``EngineCore``: its config, its executor's KV
+    specs (tiny-llama's layers, one full-attention spec each), the memory it profiled and
+    vLLM's own ``_initialize_effective_attention_block_size``."""
+    import types
+
+    from vllm.v1.attention.backends.utils import record_kv_cache_layout
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    model = cfg.model_config
+    spec = FullAttentionSpec(
+        block_size=cfg.cache_config.block_size,
+        num_kv_heads=model.get_num_kv_heads(cfg.parallel_config),
+        head_size=model.get_head_size(),
+        dtype=model.dtype,
+    )
+    layers = model.get_num_layers(cfg.parallel_config)
+    specs = {f"model.layers.{i}.self_attn.attn": spec for i in range(layers)}
+    record_kv_cache_layout(cfg.cache_config, "LBHNC")  # the CPU backend's one layout
+    core = types.SimpleNamespace(
+        vllm_config=cfg,
+        scheduler=None,
+        model_executor=types.SimpleNamespace(get_kv_cache_specs=lambda: [specs]),
+        available_gpu_memory_for_kv_cache=1 << 30,
+    )
+    core._initialize_effective_attention_block_size = lambda: (
+        EngineCore._initialize_effective_attention_block_size(core)
+    )
+    return core
+
+
+@pytest.mark.parametrize("case", ["default", "log_stats", "aux_output_connector", "hash_lookahead"])
+def test_the_rebuilt_scheduler_is_a_fresh_scheduler_of_the_new_size(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rebuild_scheduler_kv`` (the variant of the release the contract matched) leaves
+    vLLM's ``Scheduler`` for 64 blocks, resized to 32, equal to a ``Scheduler`` built for 32
+    blocks: every scheduler setting, its KV cache manager, coordinator, block pool, group
+    managers and auxiliary-output connector. The cases switch on what 0.33.0's
+    ``Scheduler.__init__`` derives besides 0.32.0's: the auxiliary-output connector (a
+    config field set after validation, which asks for an MoE model on Model Runner V2; the
+    scheduler side needs neither) and the manager's hash lookahead (vLLM derives it only
+    for an EAGLE drafter, which no embedded model has: the config's property is set)."""
+    from vllm.config import VllmConfig
+
+    from initpipe_vllm.resize.replay import plan, rebuild_scheduler_kv
+    from initpipe_vllm.testing import tiny_vllm_config
+    from initpipe_vllm.testing.snapshot import diff_snapshots, scheduler_snapshot
+
+    cfg = tiny_vllm_config("tiny-llama", enable_prefix_caching=True)
+    if case == "aux_output_connector":
+        cfg.aux_output_config.enable_return_routed_experts = True
+    if case == "hash_lookahead":
+        monkeypatch.setattr(
+            VllmConfig, "num_hash_lookahead_tokens", property(lambda self: 3), raising=False
+        )
+    log_stats = case == "log_stats"
+    core = _engine_core(cfg)
+    core.scheduler = _scheduler_for(cfg, plan(core, num_blocks=64), log_stats=log_stats)
+    new = plan(core, num_blocks=32)
+    rebuild_scheduler_kv(core, new)
+    rebuilt = scheduler_snapshot(core)
+
+    fresh = _engine_core(cfg)
+    fresh.scheduler = _scheduler_for(cfg, new, log_stats=log_stats)
+    fresh._initialize_effective_attention_block_size()
+    want = scheduler_snapshot(fresh)
+    assert want["kv_cache_config"]["num_blocks"] == 32
+    assert diff_snapshots(want, rebuilt) == []
+    if case == "aux_output_connector":
+        assert want["settings"]["aux_output_connector"] is not None
+    if case == "hash_lookahead" and hasattr(core.scheduler, "num_hash_lookahead_tokens"):
+        assert want["settings"]["block_pool"]["num_hash_lookahead_tokens"] == 3
+
+
+def test_planning_goes_through_the_platforms_kv_cache_config_builder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where vLLM plans through a platform's ``KVCacheConfigBuilder`` (0.33.0:
+    ``Platform.get_kv_cache_config_builder_cls``), so does initpipe — a resize's plan and
+    the test kit's profiling-size cache — and the builder's placement is what they get.
+    On a release without one (0.32.0: the contract says which), the base binding runs."""
+    import sys
+    import types
+
+    from initpipe_vllm import compat
+    from initpipe_vllm.contract.report import installed_release
+    from initpipe_vllm.resize.replay import plan
+    from initpipe_vllm.testing import tiny_vllm_config
+
+    release = installed_release("plan")
+    if release == "0.32.0":
+        assert (
+            compat.plan_kv_cache_configs.for_release(release) is compat.plan_kv_cache_configs.base
+        )
+        return
+    from vllm.platforms import current_platform
+    from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
+
+    calls: list[str] = []
+
+    class PlatformBuilder(DefaultKVCacheConfigBuilder):  # a platform's own placement
+        def get_kv_cache_groups(self, vllm_config: Any, kv_cache_spec: Any) -> Any:
+            calls.append("groups")
+            return super().get_kv_cache_groups(vllm_config, kv_cache_spec)
+
+        def get_kv_cache_config_from_groups(
+            self, vllm_config: Any, kv_cache_groups: Any, num_blocks: int
+        ) -> Any:
+            calls.append("placement")
+            config = super().get_kv_cache_config_from_groups(
+                vllm_config, kv_cache_groups, num_blocks
+            )
+            config.placed_by = "platform"
+            return config
+
+    module = types.ModuleType("initpipe_platform_builder")
+    module.PlatformBuilder = PlatformBuilder  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(
+        type(current_platform),
+        "get_kv_cache_config_builder_cls",
+        classmethod(lambda cls, vllm_config: f"{module.__name__}.PlatformBuilder"),
+    )
+    cfg = tiny_vllm_config("tiny-llama", enable_prefix_caching=True)
+    core = _engine_core(cfg)
+    planned = plan(core, num_blocks=32)
+    assert planned.num_blocks == 32
+    assert [c.placed_by for c in planned.worker_configs] == ["platform"]
+    assert {"groups", "placement"} <= set(calls)
+    calls.clear()
+    (specs,) = core.model_executor.get_kv_cache_specs()
+    groups = compat.kv_cache_groups(cfg, specs)
+    minimal = compat.kv_cache_config_from_groups(cfg, groups, num_blocks=4)
+    assert (minimal.num_blocks, minimal.placed_by, calls) == (
+        4,
+        "platform",
+        ["groups", "placement"],
+    )
