@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 
 import pytest
+from selected import selected
 
 GROUPS = {
     "attention": [
@@ -39,11 +40,15 @@ PREFIX_CACHING_OFF = {
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory, harness) -> dict[str, dict]:
+def reports(request, tmp_path_factory, harness) -> dict[str, dict]:
+    """One harness run per group, on the models the collected tests need (all of them but
+    in the release tier, which selects some)."""
+    wanted = selected(request, "model", [m for ms in GROUPS.values() for m in ms])
     found = {}
     for group, models in GROUPS.items():
-        for rep in harness(tmp_path_factory.mktemp(group), models):
-            found[Path(rep["model"]).name] = rep
+        if run := [m for m in models if m in wanted]:
+            for rep in harness(tmp_path_factory.mktemp(group), run):
+                found[Path(rep["model"]).name] = rep
     return found
 
 

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from selected import selected
 
 from initpipe_vllm.testing import MODELS, model_dir
 from initpipe_vllm.testing.equivalence import MAX_MODEL_LEN, PREFILL_STEP
@@ -53,8 +54,10 @@ V2 = ("--model-runner", "v2")
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory, harness) -> dict[str, dict]:
-    models = EQUAL + list(REFUSED_BY_STOCK)
+def reports(request, tmp_path_factory, harness) -> dict[str, dict]:
+    """One harness run on the models the collected tests need (all of them but in the
+    release tier, which selects some)."""
+    models = selected(request, "model", EQUAL + list(REFUSED_BY_STOCK))
     found = harness(tmp_path_factory.mktemp("mrv2"), models, *V2)
     return {Path(rep["model"]).name: rep for rep in found}
 
