@@ -162,6 +162,37 @@ def test_zero_argument_entry_points_return_the_memoized_catalogs() -> None:
     )
 
 
+def test_a_release_changes_only_the_stages_its_overlays_name_and_the_inputs_it_declares() -> None:
+    """Each release's catalogs are the first release's but for the stages its module's
+    overlays replace (the same spec object otherwise: one stage for both releases) and the
+    phases whose inputs it declares anew (``INPUTS``); the variants keep the base's name,
+    outputs and phase."""
+    from initpipe import get_spec
+    from initpipe_vllm import catalogs
+    from initpipe_vllm.releases import RELEASES, inputs, release_module
+
+    first = RELEASES[0]
+    for release in RELEASES[1:]:
+        overlays = release_module(release).OVERLAYS
+        for runner in catalogs.RUNNERS:
+            old = catalogs.base_catalog(runner=runner, release=first)
+            new = catalogs.base_catalog(runner=runner, release=release)
+            mine = [ext for ext in overlays if ext.applies(old.name)]
+            replaced = {n for ext in mine for n in ext.replace}
+            replaced |= {get_spec(s).name for ext in mine for s in ext.add} & set(old.specs)
+            changed = {n for n in old.specs if new.specs.get(n) is not old.specs[n]}
+            assert changed == replaced, (release, runner)
+            assert set(new.specs) == set(old.specs)
+            for name in replaced:
+                a, b = old.specs[name], new.specs[name]
+                assert (b.provides, b.needs) == (a.provides, a.needs), name
+                assert b.qualname != a.qualname, name  # the variant's own body
+            declared = inputs(release, old.name)
+            for phase, found in new.inputs.items():
+                wanted = set(declared[phase]) if phase in declared else set(old.inputs[phase])
+                assert set(found) == wanted, (release, runner, phase)
+
+
 def test_an_unknown_runner_or_release_is_refused_by_name() -> None:
     from initpipe_vllm import UnsupportedRunnerError, catalogs
 
