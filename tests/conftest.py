@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
+from release_tier import RELEASE_PROOFS, names
 
 #: Modules that start engines or servers, slowest first (seconds measured quiet on 2 cores,
 #: one worker; ``make test`` prints the slowest tests, by which to keep this list in step).
@@ -51,13 +52,6 @@ SLOW_FIRST = (
 )
 
 
-#: The release tier: the proofs that every vLLM release initpipe supports passes against its
-#: own stock vLLM, marked ``proof``. ``make test`` runs the whole suite on vLLM 0.32.0, then
-#: these (``-m proof``) on the vLLM 0.33.0 test device (``make test-release``). Each entry is
-#: a test node id or its prefix (a module, a test, one parameter).
-RELEASE_PROOFS = ("tests/contract/test_lock.py",)
-
-
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
@@ -71,9 +65,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     in that order (a stable sort: the order within a module, and of the other modules, is
     kept)."""
     for item in items:
-        if any(
-            item.nodeid == p or item.nodeid.startswith((p + "::", p + "[")) for p in RELEASE_PROOFS
-        ):
+        if any(names(item.nodeid, p) for p in RELEASE_PROOFS):
             item.add_marker(pytest.mark.proof)
     rank = {module: i for i, module in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))

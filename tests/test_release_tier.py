@@ -1,0 +1,54 @@
+"""The release tier (``make test-release``): every entry of ``RELEASE_PROOFS`` names a test
+that exists, so a renamed test or parameter cannot drop a proof from the tier silently."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from release_tier import RELEASE_PROOFS, names
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_release_proof_names_a_collected_test() -> None:
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-m",
+            "proof",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    marked = [line for line in res.stdout.splitlines() if "::" in line]
+    assert len(set(marked)) == len(marked) > len(RELEASE_PROOFS)
+    unmatched = [p for p in RELEASE_PROOFS if not any(names(n, p) for n in marked)]
+    assert unmatched == [], f"RELEASE_PROOFS entries that name no test: {unmatched}"
+
+
+def test_an_entry_names_its_test_its_parameters_and_nothing_else() -> None:
+    node = "tests/vllm/test_x.py::test_y[kv_cache_spec-before]"
+    for proof in (
+        node,
+        "tests/vllm/test_x.py",
+        "tests/vllm/test_x.py::test_y",
+        "tests/vllm/test_x.py::test_y[kv_cache_spec",
+    ):
+        assert names(node, proof), proof
+    for other in (
+        "tests/vllm/test_x",
+        "tests/vllm/test_x.py::test_",
+        "tests/vllm/test_x.py::test_y[kv",
+    ):
+        assert not names(node, other), other
