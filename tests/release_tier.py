@@ -38,6 +38,22 @@ RELEASE_PROOFS = (
     # a fault at each stage whose variant is new rolls back (v1 kv_cache_spec; every MRv2 stage)
     "tests/reliability/test_fault_injection.py::test_model_stage_fault_surfaces_from_the_runner_and_retry_works[kv_cache_spec",
     "tests/vllm/test_mrv2_engineless.py",
+    # live resize, release and resume == a fresh stock engine of that size (v1 in-process;
+    # TP=2 with the engine core and workers in their own processes); a failure inside the
+    # replayed scheduler step rolls back; initpipe plan == the release's own planning
+    *(
+        f"tests/vllm/test_resize.py::{test}[v1"
+        for test in (
+            "test_the_oracles_are_stock_vllm",
+            "test_a_resized_engine_is_a_fresh_engine_of_that_size",
+            "test_release_frees_everything_and_refuses_requests_until_resume",
+            "test_a_fault_at_any_kv_stage_rolls_back_to_the_previous_size",
+            "test_a_failure_in_the_scheduler_step_rolls_back_to_the_previous_size",
+        )
+    ),
+    "tests/vllm/test_resize_parallel.py::test_the_oracles_are_stock_vllm_on_every_rank[v1]",
+    "tests/vllm/test_resize_parallel.py::test_every_rank_resizes_to_a_fresh_engine_of_the_new_size[v1]",
+    "tests/vllm_plan/test_vllm_plan.py",
     # the start-up report: the release's span sites, the config timer, spans of a real start
     "tests/startup/test_span_sites.py",
     "tests/startup/test_marks_and_cli.py::test_the_config_timer_times_vllms_engine_config",
@@ -47,6 +63,13 @@ RELEASE_PROOFS = (
 
 
 def names(nodeid: str, proof: str) -> bool:
-    """Whether ``proof`` (a node id, a module, or a node id cut inside its parameters)
-    names the test ``nodeid``."""
-    return nodeid == proof or nodeid.startswith((proof + "::", proof + "[", proof + "-"))
+    """Whether ``proof`` (a node id, a module, a test, or a node id cut inside its
+    parameters, e.g. ``test_x[v1``) names the test ``nodeid``."""
+    if not nodeid.startswith(proof):
+        return False
+    rest = nodeid[len(proof) :]
+    if not rest:
+        return True
+    if "[" in proof and not proof.endswith("]"):  # cut inside the parameters
+        return rest[0] in "-]"
+    return rest.startswith(("::", "["))

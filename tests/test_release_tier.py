@@ -39,6 +39,7 @@ def test_every_release_proof_names_a_collected_test() -> None:
 
 def test_an_entry_names_its_test_its_parameters_and_nothing_else() -> None:
     node = "tests/vllm/test_x.py::test_y[kv_cache_spec-before]"
+    assert names("tests/vllm/test_x.py::test_y[v1]", "tests/vllm/test_x.py::test_y[v1")
     for proof in (
         node,
         "tests/vllm/test_x.py",
