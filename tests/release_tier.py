@@ -18,16 +18,12 @@ RELEASE_PROOFS = (
     "tests/vllm/test_catalog.py",
     "tests/hook/test_release_axis.py",
     "tests/hook/test_runner_states.py",
-    # stock == pipelined engines: v1 plain and sliding window; MRv2 sliding window (0.33's
-    # block-table reach) and a Mamba hybrid (the whole proof, every model, by hand per port)
-    *(
-        f"tests/vllm/test_engine_equivalence.py::{test}[{model}]"
-        for test in (
-            "test_stock_and_pipelined_engines_are_identical",
-            "test_the_workload_spans_blocks_and_hits_the_prefix_cache",
-        )
-        for model in ("tiny-llama", "tiny-gemma2")
-    ),
+    # stock == pipelined engines: v1 on every embedded model; MRv2 on sliding window (0.33's
+    # block-table reach) and a Mamba hybrid (every model on MRv2: by hand once per port, the
+    # interpreted kernels cost about 35 s a model)
+    "tests/vllm/test_engine_equivalence.py::test_stock_and_pipelined_engines_are_identical",
+    "tests/vllm/test_engine_equivalence.py::test_the_workload_spans_blocks_and_hits_the_prefix_cache",
+    "tests/vllm/test_engine_equivalence.py::test_the_architectures_cover_what_they_claim",
     *(
         f"tests/vllm/test_mrv2.py::test_stock_and_pipelined_mrv2_engines_are_identical[{model}]"
         for model in ("tiny-gemma2", "tiny-nemotron-h")
@@ -54,6 +50,8 @@ RELEASE_PROOFS = (
     "tests/vllm/test_resize_parallel.py::test_the_oracles_are_stock_vllm_on_every_rank[v1]",
     "tests/vllm/test_resize_parallel.py::test_every_rank_resizes_to_a_fresh_engine_of_the_new_size[v1]",
     "tests/vllm_plan/test_vllm_plan.py",
+    "tests/vllm/test_resize_units.py",  # the scheduler rebuilt == a fresh one; the builder
+    "tests/contract/test_compat.py",  # the planning calls bound once, per release
     # the start-up report: the release's span sites, the config timer, spans of a real start
     "tests/startup/test_span_sites.py",
     "tests/startup/test_marks_and_cli.py::test_the_config_timer_times_vllms_engine_config",
