@@ -14,6 +14,7 @@ __all__ = ["RELEASE_PROOFS", "names"]
 RELEASE_PROOFS = (
     # the contract: the release's locks regenerate; doctor all ok, installed and on the wheel
     "tests/contract/test_lock.py",
+    "tests/contract/test_drift.py",  # a drifted copy of the release is named and refused
     # the release's catalogs and runner adapters, their lifecycle
     "tests/vllm/test_catalog.py",
     "tests/hook/test_release_axis.py",

