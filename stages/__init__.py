@@ -56,6 +56,9 @@ from .errors import (
     KVCacheConfigError,
     KVCacheReleasedError,
     ModelPhaseError,
+    RefitError,
+    RefitFailedError,
+    RefitRefusedError,
     ResizeError,
     ResizeRefusedError,
     UnsupportedRunnerError,
@@ -79,15 +82,22 @@ del _name, _module
 #: The live-resize API, re-exported lazily from ``resize/`` (a higher layer).
 RESIZE_API = (
     "KVCacheInfo",
+    "Probe",
+    "RefitReceipt",
     "ResizeReport",
+    "WeightsInfo",
     "kv_cache_info",
     "kv_cache_info_async",
+    "refit",
+    "refit_async",
     "release_kv_cache",
     "release_kv_cache_async",
     "resize_kv_cache",
     "resize_kv_cache_async",
     "resume_kv_cache",
     "resume_kv_cache_async",
+    "weights_info",
+    "weights_info_async",
 )
 
 
@@ -110,6 +120,9 @@ __all__ = [
     "KVCacheConfigError",
     "KVCacheReleasedError",
     "ModelPhaseError",
+    "RefitError",
+    "RefitFailedError",
+    "RefitRefusedError",
     "ResizeError",
     "ResizeRefusedError",
     "UnsupportedRunnerError",

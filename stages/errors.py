@@ -17,6 +17,12 @@
         │   └── ResizeRefusedError (ValueError) refused before anything changed (bad
         │                                       size, config it cannot follow, requests)
         ├── KVCacheReleasedError (RuntimeError) a request while the KV cache is released
+        ├── RefitError (RuntimeError)           a weight refit failed; ``.serving`` says
+        │   │                                   whether the engine still serves (False:
+        │   │                                   it failed closed, refit again)
+        │   └── RefitRefusedError (ValueError)  refused before anything changed (bad
+        │                                       weights, state, engine)
+        ├── RefitFailedError (RuntimeError)     a request while the last refit has failed
         └── VllmSourceError (ValueError)        a path given as a vLLM (``initpipe doctor
                                                 --source``) that holds no vLLM
 
@@ -27,6 +33,8 @@ errors. The facts ride on attributes (``.layer``, ``.field``) that tests assert 
 
 from __future__ import annotations
 
+from typing import Any
+
 from initpipe.errors import InitpipeError
 
 __all__ = [
@@ -35,6 +43,9 @@ __all__ = [
     "KVCacheConfigError",
     "KVCacheReleasedError",
     "ModelPhaseError",
+    "RefitError",
+    "RefitFailedError",
+    "RefitRefusedError",
     "ResizeError",
     "ResizeRefusedError",
     "UnsupportedRunnerError",
@@ -126,6 +137,48 @@ class KVCacheReleasedError(InitpipeVllmError, RuntimeError):
     """A request reached an engine whose KV cache is released; ``resume_kv_cache`` first."""
 
 
+class RefitError(InitpipeVllmError, RuntimeError):
+    """A weight refit did not complete (:func:`initpipe_vllm.refit`).
+
+    Attributes:
+        step: the step that failed (``arguments``, ``engine``, ``state``, ``weights``,
+            ``requests``, ``memory``, ``pause``, ``teardown``, ``load``, ``digest``,
+            ``kv_phase``, ``warmup``, ``scheduler``, ``caches``, ``probe``).
+        rank: the worker rank that failed, if a worker did.
+        reason: the cause, in words.
+        serving: True when the engine still serves its previous weights (a refusal:
+            nothing changed); False when it failed closed: it refuses requests
+            (:class:`RefitFailedError`, HTTP 503) until a later refit succeeds.
+    """
+
+    def __init__(
+        self, msg: str, *, step: str, reason: str = "", rank: int | None = None, serving: bool
+    ) -> None:
+        super().__init__(msg)
+        self.step = step
+        self.rank = rank
+        self.reason = reason or msg
+        self.serving = serving
+
+    def __reduce__(self) -> tuple[object, ...]:
+        kwargs = {"step": self.step, "reason": self.reason, "rank": self.rank}
+        if not isinstance(self, RefitRefusedError):
+            kwargs["serving"] = self.serving
+        return (_rebuild, (type(self), str(self), kwargs))
+
+
+class RefitRefusedError(RefitError, ValueError):
+    """Refused before anything changed: the engine serves on with its previous weights."""
+
+    def __init__(self, msg: str, *, step: str, reason: str = "", rank: int | None = None) -> None:
+        super().__init__(msg, step=step, reason=reason, rank=rank, serving=True)
+
+
+class RefitFailedError(InitpipeVllmError, RuntimeError):
+    """A request reached an engine whose last refit failed: it serves nothing until a
+    refit succeeds (the message names the failed step)."""
+
+
 class VllmSourceError(InitpipeVllmError, ValueError):
     """A path given as a vLLM holds none (no ``vllm/__init__.py``), or cannot be read.
 
@@ -138,5 +191,5 @@ class VllmSourceError(InitpipeVllmError, ValueError):
         self.path = path
 
 
-def _rebuild(cls: type[ResizeError], msg: str, kwargs: dict[str, object]) -> ResizeError:
+def _rebuild(cls: type[Any], msg: str, kwargs: dict[str, object]) -> Any:
     return cls(msg, **kwargs)  # type: ignore[arg-type]

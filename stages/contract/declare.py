@@ -60,9 +60,10 @@ __all__ = [
 Kind = Literal["mirrors", "calls"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 
-Capability = Literal["catalog_v1", "catalog_mrv2", "resize", "serve", "plan", "startup"]
+Capability = Literal["catalog_v1", "catalog_mrv2", "resize", "refit", "serve", "plan", "startup"]
 #: What the doctor reports on, in its order: the two stage catalogs (with the worker and
-#: runner adapter each needs), live resize (engine side), its HTTP routes, ``initpipe plan``,
+#: runner adapter each needs), live resize (engine side), weight refit (on the same live
+#: transactions), their HTTP routes, ``initpipe plan``,
 #: ``initpipe startup`` (the span names its report reads, its config timer).
 CAPABILITIES: tuple[Capability, ...] = get_args(Capability)
 

@@ -15,8 +15,16 @@ from http import HTTPStatus
 from typing import Any
 
 from ..contract.declare import vllm_uses
-from ..errors import KVCacheReleasedError, ResizeRefusedError
-from .engine import INFO_METHOD, PLUGIN_NAME, RESIZE_METHOD, error_from_dict, install
+from ..errors import KVCacheReleasedError, RefitFailedError, ResizeRefusedError
+from .engine import (
+    INFO_METHOD,
+    PLUGIN_NAME,
+    REFIT_METHOD,
+    RESIZE_METHOD,
+    WEIGHTS_METHOD,
+    error_from_dict,
+    install,
+)
 from .report import KVCacheInfo, ResizeReport
 
 __all__ = [
@@ -114,7 +122,8 @@ def _plugin_missing(err: BaseException) -> ResizeRefusedError | None:
     """The refusal to raise when ``err`` is vLLM saying the engine core lacks our method
     (any other failure of the call is left as it is)."""
     text = str(err)
-    if not any(f"has no attribute '{m}'" in text for m in (RESIZE_METHOD, INFO_METHOD)):
+    methods = (RESIZE_METHOD, INFO_METHOD, REFIT_METHOD, WEIGHTS_METHOD)
+    if not any(f"has no attribute '{m}'" in text for m in methods):
         return None
     import os
 
@@ -147,6 +156,25 @@ def _released_class() -> type[KVCacheReleasedError]:
     return KVCacheReleased
 
 
+@functools.cache
+def _failed_class() -> type[RefitFailedError]:
+    from vllm.exceptions import GracefulHTTPError
+
+    class RefitFailed(RefitFailedError, GracefulHTTPError):
+        """Also vLLM's ``GracefulHTTPError`` (503), as ``KVCacheReleased``."""
+
+        def __init__(self, message: str) -> None:
+            GracefulHTTPError.__init__(self, message, HTTPStatus.SERVICE_UNAVAILABLE)
+
+    RefitFailed.__module__ = RefitFailedError.__module__
+    return RefitFailed
+
+
+def refit_failed_error(message: str) -> RefitFailedError:
+    """The error a request gets while the last refit has failed."""
+    return _failed_class()(message)
+
+
 def released_error() -> KVCacheReleasedError:
     """The error a request gets while the KV cache is released."""
     return _released_class()(
@@ -166,8 +194,11 @@ def _guard(engine: Any) -> None:
     original = engine.add_request
 
     def refuse() -> None:
-        if getattr(engine, "_initpipe_released", False):
+        state = getattr(engine, "_initpipe_state", "serving")
+        if state == "released":
             raise released_error()
+        if state == "failed":
+            raise refit_failed_error(engine._initpipe_failure)
 
     if inspect.iscoroutinefunction(original):
 
@@ -202,13 +233,19 @@ def _refresh_metrics_info(engine: Any) -> None:
     gauge.labels(**info).set(1)
 
 
-def _finish(engine: Any, answer: dict[str, Any]) -> ResizeReport:
+def apply_state(engine: Any, answer: dict[str, Any]) -> None:
     """Apply an engine core's answer in the frontend: the figures its config copy learned
-    at the handshake, the metrics, the released-state guard; return the report or raise."""
+    at the handshake, and the state the guard refuses requests in (released, failed)."""
     cache = engine.vllm_config.cache_config
     for key, value in answer["cache_config"].items():
         setattr(cache, key, value)
-    engine._initpipe_released = answer["state"] == "released"
+    engine._initpipe_state = answer["state"]
+    engine._initpipe_failure = answer.get("failure")
+
+
+def _finish(engine: Any, answer: dict[str, Any]) -> ResizeReport:
+    """:func:`apply_state`, the metrics; return the report or raise."""
+    apply_state(engine, answer)
     _refresh_metrics_info(engine)
     if not answer["ok"]:
         raise error_from_dict(answer["error"])

@@ -42,7 +42,13 @@ from typing import Any, NoReturn, TypeVar
 import attrs
 
 from ..contract.declare import vllm_uses
-from ..errors import ResizeError, ResizeRefusedError, UnsupportedRunnerError
+from ..errors import (
+    RefitError,
+    RefitRefusedError,
+    ResizeError,
+    ResizeRefusedError,
+    UnsupportedRunnerError,
+)
 from ..hook import PIPELINED_WORKER
 from . import rank as ranks
 from .hold import ENV_HOLD, install_from_env
@@ -56,11 +62,14 @@ __all__ = [
     "FRONTEND_FIGURES",
     "INFO_METHOD",
     "PLUGIN_NAME",
+    "REFIT_METHOD",
     "RESIZE_METHOD",
+    "WEIGHTS_METHOD",
     "error_from_dict",
     "install",
     "kv_info",
     "prepare",
+    "refit_error_from_dict",
     "register",
     "resize",
 ]
@@ -70,6 +79,8 @@ logger = logging.getLogger("vllm.initpipe")
 #: The utility methods :func:`install` adds to ``EngineCore`` (called by name).
 RESIZE_METHOD = "initpipe_resize_kv_cache"
 INFO_METHOD = "initpipe_kv_cache_info"
+REFIT_METHOD = "initpipe_refit"
+WEIGHTS_METHOD = "initpipe_weights_info"
 
 _SCHEDULERS = (
     "vllm.v1.core.sched.scheduler.Scheduler",
@@ -115,20 +126,26 @@ def _qualname(obj: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _check_engine(core: Any, statuses: list[RankStatus | RankFailure]) -> list[RankStatus]:
-    """Refuse an engine or a rank a resize cannot follow; the ranks' statuses, checked."""
+def _check_engine(
+    core: Any,
+    statuses: list[RankStatus | RankFailure],
+    capabilities: tuple[str, ...] = ("resize",),
+) -> list[RankStatus]:
+    """Refuse an engine or a rank a resize (or a refit: ``capabilities``) cannot follow;
+    the ranks' statuses, checked."""
     from ..contract.report import verdict
 
-    try:
-        found = verdict("resize")
-    except Exception as err:  # an unreadable install: refused, with the cause
-        raise refuse(
-            "engine",
-            f"initpipe could not read the installed vLLM's source to check its "
-            f"contract ({type(err).__name__}: {err})",
-        ) from None
-    if not found.ok:
-        raise refuse("engine", found.describe())
+    for capability in capabilities:
+        try:
+            found = verdict(capability)  # type: ignore[arg-type]
+        except Exception as err:  # an unreadable install: refused, with the cause
+            raise refuse(
+                "engine",
+                f"initpipe could not read the installed vLLM's source to check its "
+                f"contract ({type(err).__name__}: {err})",
+            ) from None
+        if not found.ok:
+            raise refuse("engine", found.describe())
     engine_state(core).release = found.release
     parallel = core.vllm_config.parallel_config
     if parallel.data_parallel_size > 1:
@@ -240,6 +257,12 @@ def prepare(
         raise refuse("state", "the KV cache is already released")
     if action == "resume" and st.state != "released":
         raise refuse("state", "the KV cache is not released (resize it instead)")
+    if st.state == "failed":
+        from .refit_core import failure_text, weights_state
+
+        raise refuse(
+            "state", f"{failure_text(weights_state(core).failure)}; only a refit is accepted"
+        )
     statuses = _check_engine(core, _rpc(core, ranks.rank_status, RankStatus, _workers_apart(core)))
     st.model_runner = statuses[0].model_runner
     before = 0 if st.state == "released" else int(core.scheduler.kv_cache_config.num_blocks)
@@ -346,7 +369,7 @@ def kv_info(core: Any) -> KVCacheInfo:
     """The engine's KV cache now."""
     st = engine_state(core)
     cfg = core.scheduler.kv_cache_config
-    released = st.state == "released"
+    released = st.state in ("released", "failed")
     per_rank = st.bytes_per_rank
     if (not released and not per_rank) or st.model_runner is None:
         statuses = _rpc(core, ranks.rank_status, RankStatus)
@@ -355,7 +378,7 @@ def kv_info(core: Any) -> KVCacheInfo:
         first = statuses[0]
         st.model_runner = first.model_runner if isinstance(first, RankStatus) else None
     return KVCacheInfo(
-        state="resizing" if st.busy else "released" if released else "serving",
+        state="resizing" if st.busy else st.state,
         num_blocks=0 if released else int(cfg.num_blocks),
         free_blocks=0
         if released
@@ -411,65 +434,72 @@ def _refuse_adds_while_released(core: Any) -> None:
     guard, must not wait forever); the instance attribute goes away on resume."""
     if not _in_own_process(core):
         return
-    if engine_state(core).state != "released":
+    state = engine_state(core).state
+    if state == "serving":
         core.__dict__.pop("add_request", None)
         return
+    why = (
+        "the KV cache is released (resume_kv_cache)"
+        if state == "released"
+        else "the last weight refit failed (refit again)"
+    )
 
     def add_request(request: Any, request_wave: int = 0) -> None:
-        logger.warning(
-            "initpipe: request %s refused: the KV cache is released (resume_kv_cache)",
-            request.request_id,
-        )
+        logger.warning("initpipe: request %s refused: %s", request.request_id, why)
         core._send_error_outputs_to_client([request.request_id], request.client_index)
 
     core.add_request = add_request
-
-
-def _busy_refusal(running: str, action: str) -> ResizeRefusedError:
-    return refuse(
-        "state",
-        f"another {running} of the KV cache is running (state 'resizing'); this {action} "
-        "was not started: retry once it has answered",
-    )
 
 
 @vllm_uses(
     "resize",
     calls=("vllm.v1.engine.core:EngineCoreProc.pause_scheduler",),
 )
-def _resize_method(
+def _live_call(
     self: Any,
     action: str,
-    num_blocks: int | None = None,
-    kv_cache_memory_bytes: int | None = None,
-    mode: str = "wait",
-    aborted: list[str] | None = None,
+    *,
+    mode: str,
+    pause_first: bool,
+    prepare: Callable[[], Any],
+    run: Callable[[Any, Any, tuple[str, ...], float], Any],
+    answer: Callable[[Callable[[], Any]], dict[str, Any]],
+    refusal: Callable[[str, str], Exception],
 ) -> dict[str, Any] | Future[dict[str, Any]]:
-    """The utility method. In-process: synchronous (the frontend aborted requests). In its
-    own process: vLLM's ``pause_scheduler(mode)`` drains (``wait``) or aborts requests first
-    and this returns a Future the busy loop answers once the pause completed — a utility
-    that blocked here would stop the loop."""
-    kwargs: dict[str, Any] = {
-        "num_blocks": num_blocks,
-        "kv_cache_memory_bytes": kv_cache_memory_bytes,
-    }
+    """Any live transaction's entry in the engine core: one at a time (a second is
+    refused), checked first (``prepare``, no side effect), then run. In-process (or with
+    ``pause_first`` False: no request can hold KV blocks) it runs at once. In its own
+    process, vLLM's ``pause_scheduler(mode)`` drains (``wait``) or aborts requests first and
+    this returns a Future the busy loop answers once the pause completed — a utility that
+    blocked here would stop the loop. ``run(prepared, prior_pause, aborted, pause_s)``."""
     st = engine_state(self)
     if st.busy is not None:
-        return _answer(self, functools.partial(_raise, _busy_refusal(st.busy, action)))
+        running = st.busy
+        return answer(
+            functools.partial(
+                _raise,
+                refusal(
+                    "state",
+                    f"another {running}{'' if running == 'refit' else ' of the KV cache'} is "
+                    f"running (state 'resizing'); this {action} was not started: retry once "
+                    "it has answered",
+                ),
+            )
+        )
     st.busy = action
 
-    def done(run: Callable[[], ResizeReport]) -> dict[str, Any]:
+    def done(fn: Callable[[], Any]) -> dict[str, Any]:
         try:
-            return _answer(self, run)
+            return answer(fn)
         finally:
             st.busy = None
 
-    if action == "resume" or not _in_own_process(self):
-        return done(lambda: resize(self, action, mode=mode, aborted=tuple(aborted or ()), **kwargs))
     try:
-        prepared = prepare(self, action, **kwargs)
-    except ResizeError as err:
+        prepared = prepare()
+    except Exception as err:
         return done(functools.partial(_raise, err))
+    if not pause_first or not _in_own_process(self):
+        return done(lambda: run(prepared, None, (), 0.0))
     sched = self.scheduler
     prior = sched.pause_state
     gone = (
@@ -479,25 +509,16 @@ def _resize_method(
     )
     start = time.perf_counter()
 
-    def run() -> ResizeReport:
-        return resize(
-            self,
-            action,
-            mode=mode,
-            aborted=gone,
-            prepared=prepared,
-            prior_pause=prior,
-            pause_s=time.perf_counter() - start,
-            **kwargs,
-        )
+    def go() -> Any:
+        return run(prepared, prior, gone, time.perf_counter() - start)
 
     try:
         pending = self.pause_scheduler(mode=mode, clear_cache=False)
     except Exception as err:
         sched.set_pause_state(prior)
-        return done(functools.partial(_raise, refuse("requests", str(err))))
+        return done(functools.partial(_raise, refusal("requests", str(err))))
     if pending is None:
-        return done(run)
+        return done(go)
     out: Future[dict[str, Any]] = Future()
 
     def paused(f: Future[Any]) -> None:
@@ -505,12 +526,174 @@ def _resize_method(
             f.result()
         except Exception as err:
             sched.set_pause_state(prior)
-            out.set_result(done(functools.partial(_raise, refuse("requests", str(err)))))
+            out.set_result(done(functools.partial(_raise, refusal("requests", str(err)))))
             return
-        out.set_result(done(run))
+        out.set_result(done(go))
 
     pending.add_done_callback(paused)
     return out
+
+
+def _resize_method(
+    self: Any,
+    action: str,
+    num_blocks: int | None = None,
+    kv_cache_memory_bytes: int | None = None,
+    mode: str = "wait",
+    aborted: list[str] | None = None,
+) -> dict[str, Any] | Future[dict[str, Any]]:
+    """The resize utility method (resize, release, resume) on :func:`_live_call`."""
+    kwargs: dict[str, Any] = {
+        "num_blocks": num_blocks,
+        "kv_cache_memory_bytes": kv_cache_memory_bytes,
+    }
+    in_own = _in_own_process(self)
+
+    def run(p: _Prepared, prior: Any, gone: tuple[str, ...], pause_s: float) -> ResizeReport:
+        if not in_own or action == "resume":
+            return resize(
+                self, action, mode=mode, aborted=tuple(aborted or ()), prepared=p, **kwargs
+            )
+        return resize(
+            self,
+            action,
+            mode=mode,
+            aborted=gone,
+            prepared=p,
+            prior_pause=prior,
+            pause_s=pause_s,
+            **kwargs,
+        )
+
+    return _live_call(
+        self,
+        action,
+        mode=mode,
+        pause_first=action != "resume",
+        prepare=functools.partial(prepare, self, action, **kwargs),
+        run=run,
+        answer=functools.partial(_answer, self),
+        refusal=refuse,
+    )
+
+
+# -- the refit ------------------------------------------------------------------------------
+def _refit_answer(core: Any, run: Callable[[], Any]) -> dict[str, Any]:
+    """A refit's outcome as plain data, with what the frontend must update."""
+    from .refit_core import failed_message
+
+    try:
+        receipt = run()
+    except (RefitError, ResizeError) as err:
+        if isinstance(err, ResizeError):  # a resize refusal from a shared step
+            err = refit_refused(err.step, err.reason)
+        answer: dict[str, Any] = {"ok": False, "error": _refit_error_dict(err)}
+    else:
+        answer = {"ok": True, "receipt": receipt.to_dict()}
+    cache = core.vllm_config.cache_config
+    answer["cache_config"] = {k: getattr(cache, k, None) for k in FRONTEND_FIGURES}
+    answer["state"] = engine_state(core).state
+    answer["failure"] = failed_message(core)
+    _refuse_adds_while_released(core)
+    return answer
+
+
+def _refit_error_dict(err: RefitError) -> dict[str, Any]:
+    return {
+        "type": type(err).__name__,
+        "message": str(err),
+        "step": err.step,
+        "rank": err.rank,
+        "reason": err.reason,
+        "serving": err.serving,
+    }
+
+
+def refit_error_from_dict(data: dict[str, Any]) -> RefitError:
+    """The typed error a failed refit call described."""
+    if data["type"] == "RefitRefusedError":
+        return RefitRefusedError(
+            data["message"], step=data["step"], reason=data["reason"], rank=data["rank"]
+        )
+    return RefitError(
+        data["message"],
+        step=data["step"],
+        reason=data["reason"],
+        rank=data["rank"],
+        serving=data["serving"],
+    )
+
+
+def refit_refused(step: str, reason: str) -> RefitRefusedError:
+    from .refit_core import refused
+
+    return refused(step, reason)
+
+
+def _check_for_refit(core: Any, _capability: str) -> list[RankStatus]:
+    statuses = _check_engine(
+        core,
+        _rpc(core, ranks.rank_status, RankStatus, _workers_apart(core)),
+        ("resize", "refit"),
+    )
+    engine_state(core).model_runner = statuses[0].model_runner
+    return statuses
+
+
+def _refit_method(
+    self: Any, spec: dict[str, Any], mode: str = "wait", aborted: list[str] | None = None
+) -> dict[str, Any] | Future[dict[str, Any]]:
+    """The refit utility method. ``spec``: ``path`` or ``tensors`` (in-process only),
+    ``num_blocks``, ``kv_cache_memory_bytes``, ``expected_digest``, ``probe`` (a dict),
+    ``version``, ``transport``."""
+    from . import refit_core as refits
+    from .probe import Probe
+    from .weights import Source
+
+    source = Source(path=spec.get("path"), tensors=spec.get("tensors"))
+    serving = engine_state(self).state == "serving"
+    in_own = _in_own_process(self)
+    digest = spec.get("expected_digest")
+
+    def run(p: Any, prior: Any, gone: tuple[str, ...], pause_s: float) -> Any:
+        return refits.refit(
+            self,
+            source,
+            rpc=functools.partial(_rpc, self),
+            prepared=p,
+            expected_digest=None if digest is None else tuple(digest),
+            probe=Probe.from_dict(spec.get("probe") or {}),
+            version=spec.get("version"),
+            transport=spec.get("transport", "folder"),
+            mode=mode,
+            aborted=gone if in_own else tuple(aborted or ()),
+            prior_pause=prior,
+            pause_s=pause_s,
+        )
+
+    return _live_call(
+        self,
+        "refit",
+        mode=mode,
+        pause_first=serving,
+        prepare=functools.partial(
+            refits.prepare,
+            self,
+            source,
+            num_blocks=spec.get("num_blocks"),
+            kv_cache_memory_bytes=spec.get("kv_cache_memory_bytes"),
+            check_engine=_check_for_refit,
+        ),
+        run=run,
+        answer=functools.partial(_refit_answer, self),
+        refusal=refit_refused,
+    )
+
+
+def _weights_method(self: Any) -> dict[str, Any]:
+    from .refit_core import info
+
+    return info(self).to_dict()
 
 
 def _raise(err: BaseException) -> NoReturn:
@@ -544,6 +727,8 @@ def install() -> None:
 
     setattr(EngineCore, RESIZE_METHOD, _resize_method)
     setattr(EngineCore, INFO_METHOD, _info_method)
+    setattr(EngineCore, REFIT_METHOD, _refit_method)
+    setattr(EngineCore, WEIGHTS_METHOD, _weights_method)
 
 
 #: The ``vllm.general_plugins`` entry point's name (``VLLM_PLUGINS`` must include it).

@@ -14,7 +14,7 @@ import attrs
 __all__ = ["Action", "KVCacheInfo", "RankReport", "ResizeReport", "State"]
 
 Action = Literal["resize", "release", "resume"]
-State = Literal["serving", "released", "resizing"]
+State = Literal["serving", "released", "resizing", "failed"]
 
 #: The steps a report times, in the order they run.
 STEPS = ("plan", "pause", "teardown", "kv_phase", "warmup", "scheduler", "resume")
@@ -108,9 +108,10 @@ class KVCacheInfo:
     """The engine's KV cache now (:func:`initpipe_vllm.kv_cache_info`).
 
     Attributes:
-        state: ``serving``, ``released``, or ``resizing`` while a resize, release or resume
-            is accepted and not yet answered (e.g. waiting for requests to finish; the
-            figures are still the current size's).
+        state: ``serving``, ``released``, or ``resizing`` while a resize, release, resume
+            or refit is accepted and not yet answered (e.g. waiting for requests to finish;
+            the figures are still the current size's); ``failed`` when the last weight
+            refit failed (no KV cache; a refit brings it back).
         num_blocks: the scheduler's KV blocks (0 while released).
         free_blocks: blocks no request holds now (prefix-cached ones count as free).
         block_size: tokens per block.

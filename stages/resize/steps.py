@@ -68,7 +68,8 @@ T = TypeVar("T", RankTeardown, RankAllocation, RankWarmUp)
 class EngineState:
     """What a resize keeps on the engine core between calls."""
 
-    state: Literal["serving", "released"] = "serving"
+    #: ``failed``: a weight refit failed; no KV cache, requests refused until one succeeds
+    state: Literal["serving", "released", "failed"] = "serving"
     resume_blocks: int | None = None
     #: the pause state the user had set before a release (restored by the resume)
     user_pause: Any = None

@@ -31,6 +31,7 @@ TITLES = {
     "catalog_v1": "v1 runner catalog (worker, runner adapter, stages)",
     "catalog_mrv2": "Model Runner V2 catalog (worker, runner adapter, stages)",
     "resize": "live KV resize, release and resume (engine core, ranks)",
+    "refit": "live weight refit (engine core, ranks, probe)",
     "serve": "the HTTP routes (initpipe_vllm.serve)",
     "plan": "initpipe plan",
     "startup": "initpipe startup (the vLLM spans its report names, its config timer)",

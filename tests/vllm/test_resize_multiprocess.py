@@ -127,7 +127,7 @@ def _sync(folder: Path, extra: dict[str, Any], hold: Path) -> dict[str, Any]:
         refused = _error(err)
     # past the frontend's guard (another frontend would be): the engine core itself
     # finishes the request at once with an error, it does not wait for a resume
-    engine._initpipe_released = False
+    engine._initpipe_state = "serving"
     try:
         (past,) = llm.generate([TP(prompt_token_ids=_prompt(1))], params, use_tqdm=False)
         core_refusal: Any = {
@@ -136,7 +136,7 @@ def _sync(folder: Path, extra: dict[str, Any], hold: Path) -> dict[str, Any]:
         }
     except Exception as err:
         core_refusal = _error(err)
-    engine._initpipe_released = True
+    engine._initpipe_state = "released"
     rec["released"] = {
         "report": rel.to_dict(),
         "info": ip.kv_cache_info(llm).to_dict(),

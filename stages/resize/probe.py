@@ -1,0 +1,302 @@
+"""The probe of a refit: fixed prompts served twice on the new weights, inside the engine core.
+
+What belongs here: :class:`Probe` (what the caller asks: prompts, tokens to generate,
+expected outputs, the logprob tolerance), :func:`default_prompts` (built from the vocabulary
+when the caller gives none), :func:`run` (the probe itself) and :class:`ProbeResult`.
+
+How it runs: in the engine core, while the refit holds the engine paused. The user's queued
+requests are set aside (the scheduler's waiting queue and deferred set swap with empty ones),
+the probe's requests are added as vLLM adds any request (``preprocess_add_request``, then
+``add_request``), the engine steps (``step_fn``, as its busy loop does) until they finish,
+and the user's queue comes back untouched. The outputs never reach a client (the client
+never knew these requests). The prompts run cold (the prefix cache is empty after the
+refit), then again, hitting the blocks the cold run filled: tokens must be equal and
+logprobs within ``atol``, and equal to the caller's expected outputs when given. The refit
+then resets the prefix cache, so the engine holds nothing a fresh engine would not.
+
+Nothing here imports vLLM at import time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from ..contract.declare import vllm_uses
+
+__all__ = ["Probe", "ProbeFailed", "ProbeResult", "default_prompts", "run"]
+
+#: Most engine steps a probe may take (a probe that never finishes is a failure).
+_MAX_STEPS = 10_000
+
+
+def _tuples(value: Any) -> tuple[tuple[Any, ...], ...] | None:
+    return None if value is None else tuple(tuple(v) for v in value)
+
+
+@attrs.frozen(kw_only=True)
+class Probe:
+    """What a refit's probe serves and expects.
+
+    Attributes:
+        prompts: token-id prompts; None: :func:`default_prompts` (two prompts a block and
+            a half long, built from the vocabulary).
+        max_tokens: tokens generated per prompt (greedy).
+        expected_tokens: the tokens each prompt must give (e.g. a previous receipt's
+            ``probe.tokens`` for the same weights, or your trainer's); None: not checked.
+        expected_logprobs: the sampled tokens' logprobs each prompt must give (within
+            ``atol``); None: not checked.
+        atol: the largest difference allowed between two logprobs (cold vs warm, and vs
+            ``expected_logprobs``).
+        enabled: False skips the probe (the receipt says so).
+    """
+
+    prompts: tuple[tuple[int, ...], ...] | None = attrs.field(default=None, converter=_tuples)
+    max_tokens: int = 4
+    expected_tokens: tuple[tuple[int, ...], ...] | None = attrs.field(
+        default=None, converter=_tuples
+    )
+    expected_logprobs: tuple[tuple[float, ...], ...] | None = attrs.field(
+        default=None, converter=_tuples
+    )
+    atol: float = 1e-3
+    enabled: bool = True
+
+    def problems(self) -> list[str]:
+        """What makes this probe unusable, as lines (empty: it is usable)."""
+        out = []
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
+            out.append(f"max_tokens={self.max_tokens!r}: expected a positive int")
+        elif self.max_tokens <= 0:
+            out.append(f"max_tokens={self.max_tokens}: expected a positive int")
+        if not (
+            isinstance(self.atol, (int, float)) and math.isfinite(self.atol) and self.atol >= 0
+        ):
+            out.append(f"atol={self.atol!r}: expected a finite number >= 0")
+        if self.prompts is not None:
+            if not self.prompts:
+                out.append("prompts=(): give at least one prompt, or None for the default")
+            for i, p in enumerate(self.prompts):
+                if not p or not all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+                    out.append(f"prompts[{i}]: expected a non-empty list of token ids")
+        for name in ("expected_tokens", "expected_logprobs"):
+            given = getattr(self, name)
+            if given is None:
+                continue
+            n = len(self.prompts) if self.prompts is not None else None
+            if n is not None and len(given) != n:
+                out.append(f"{name} has {len(given)} entries for {n} prompts")
+            if n is None:
+                out.append(f"{name} needs the prompts it belongs to: pass prompts= too")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Probe:
+        return cls(**data)
+
+
+@attrs.frozen(kw_only=True)
+class ProbeResult:
+    """What the probe served.
+
+    Attributes:
+        ran: False when the probe was disabled (then nothing else is set).
+        ok: cold and warm agreed, and matched the expected outputs where given.
+        prompts: the prompts served.
+        tokens / logprobs: each prompt's generated tokens and their logprobs (cold run).
+        cached_tokens: prompt tokens the warm run found in the prefix cache, per prompt.
+        max_logprob_diff: the largest cold-vs-warm logprob difference.
+        checked_expected: whether expected outputs were given and compared.
+        problems: why it is not ok, one line each.
+        seconds: the probe's wall time.
+    """
+
+    ran: bool
+    ok: bool
+    prompts: tuple[tuple[int, ...], ...] = ()
+    tokens: tuple[tuple[int, ...], ...] = ()
+    logprobs: tuple[tuple[float, ...], ...] = ()
+    cached_tokens: tuple[int, ...] = ()
+    max_logprob_diff: float = 0.0
+    checked_expected: bool = False
+    problems: tuple[str, ...] = ()
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ProbeResult:
+        return cls(
+            **{
+                **data,
+                "prompts": _tuples(data["prompts"]),
+                "tokens": _tuples(data["tokens"]),
+                "logprobs": _tuples(data["logprobs"]),
+                "cached_tokens": tuple(data["cached_tokens"]),
+                "problems": tuple(data["problems"]),
+            }
+        )
+
+
+class ProbeFailed(RuntimeError):
+    """The probe's outputs do not agree (the message lists why)."""
+
+    def __init__(self, result: ProbeResult) -> None:
+        super().__init__("; ".join(result.problems))
+        self.result = result
+
+
+def default_prompts(
+    vocab_size: int, block_size: int, max_model_len: int, max_tokens: int
+) -> tuple[tuple[int, ...], ...]:
+    """Two deterministic prompts a block and a half long (so the warm run hits a block),
+    shorter where ``max_model_len`` asks, drawn from the vocabulary (ids from 3 up)."""
+    length = max(1, min(block_size + block_size // 2 + 3, max_model_len - max_tokens - 1))
+    span = max(1, vocab_size - 3)
+    return tuple(
+        tuple(3 + (7919 * j + 104_729 * (k + 1)) % span for j in range(length)) for k in range(2)
+    )
+
+
+@vllm_uses(
+    "refit",
+    calls=(
+        "vllm.sampling_params:SamplingParams",
+        "vllm.v1.engine:EngineCoreRequest",
+        "vllm.v1.engine.core:EngineCore.preprocess_add_request",
+        "vllm.v1.engine.core:EngineCore.add_request",
+        "vllm.v1.engine.core:EngineCore.abort_requests",
+        "vllm.v1.engine.core:EngineCore.step",
+        "vllm.v1.engine.core:EngineCore.step_with_batch_queue",
+        "vllm.v1.engine.core:EngineCore.post_step",
+    ),
+)
+def _serve(
+    core: Any, prompts: Sequence[Sequence[int]], max_tokens: int, tag: str
+) -> list[dict[str, Any]]:
+    """Serve ``prompts`` to completion through the engine core; each one's tokens,
+    logprobs and cached prompt tokens."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.engine import EngineCoreRequest
+
+    ids = [f"initpipe-probe-{tag}-{i}-{uuid.uuid4().hex[:8]}" for i in range(len(prompts))]
+    got: dict[str, dict[str, Any]] = {
+        rid: {"tokens": [], "logprobs": [], "cached": 0, "done": False} for rid in ids
+    }
+    for rid, prompt in zip(ids, prompts, strict=True):
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False, logprobs=0
+        )
+        request = EngineCoreRequest(
+            request_id=rid,
+            prompt_token_ids=list(prompt),
+            mm_features=None,
+            sampling_params=params,
+            pooling_params=None,
+            arrival_time=time.time(),
+            lora_request=None,
+            cache_salt=None,
+            data_parallel_rank=None,
+        )
+        req, wave = core.preprocess_add_request(request)
+        core.add_request(req, wave)
+    try:
+        for _ in range(_MAX_STEPS):
+            if all(g["done"] for g in got.values()):
+                break
+            outputs, executed = core.step_fn()
+            post_step = getattr(core, "post_step", None)
+            if post_step is not None:
+                post_step(executed)
+            for eco_batch in (outputs or {}).values():
+                for eco in eco_batch.outputs:
+                    g = got.get(eco.request_id)
+                    if g is None:
+                        continue
+                    g["tokens"].extend(int(t) for t in eco.new_token_ids)
+                    if eco.new_logprobs is not None:
+                        g["logprobs"].extend(float(row[0]) for row in eco.new_logprobs.logprobs)
+                    if eco.prefill_stats is not None:
+                        g["cached"] = int(eco.prefill_stats.num_cached_tokens)
+                    if eco.finish_reason is not None:
+                        g["done"] = True
+        else:
+            raise RuntimeError(f"the probe did not finish in {_MAX_STEPS} engine steps")
+    finally:
+        left = [rid for rid, g in got.items() if not g["done"]]
+        if left:
+            core.abort_requests(left)
+    return [got[rid] for rid in ids]
+
+
+def _max_diff(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) -> float:
+    diffs = [abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)]
+    return max(diffs, default=0.0)
+
+
+@vllm_uses(
+    "refit",
+    mirrors=("vllm.v1.core.sched.scheduler:Scheduler.__init__",),  # waiting, deferred_waiting
+    calls=("vllm.v1.core.sched.scheduler:Scheduler.set_pause_state",),
+)
+def run(
+    core: Any, probe: Probe, prompts: tuple[tuple[int, ...], ...], *, unpaused: Any, paused: Any
+) -> ProbeResult:
+    """Serve ``prompts`` cold, then warm, on ``core`` (paused: ``paused`` is set back, and
+    the user's queued requests with it); compare. Never raises for outputs that disagree:
+    the result says so (:class:`ProbeFailed` is the caller's to raise)."""
+    start = time.perf_counter()
+    sched = core.scheduler
+    waiting, deferred = sched.waiting, sched.deferred_waiting
+    sched.waiting, sched.deferred_waiting = type(waiting)(), set()
+    sched.set_pause_state(unpaused)
+    try:
+        cold = _serve(core, prompts, probe.max_tokens, "cold")
+        warm = _serve(core, prompts, probe.max_tokens, "warm")
+    finally:
+        sched.set_pause_state(paused)
+        sched.waiting, sched.deferred_waiting = waiting, deferred
+    problems: list[str] = []
+    tokens = tuple(tuple(c["tokens"]) for c in cold)
+    logprobs = tuple(tuple(c["logprobs"]) for c in cold)
+    for i, (c, w) in enumerate(zip(cold, warm, strict=True)):
+        if c["tokens"] != w["tokens"]:
+            problems.append(f"prompt {i}: tokens {c['tokens']} cold, {w['tokens']} warm")
+        bad = [x for x in c["logprobs"] + w["logprobs"] if not math.isfinite(x)]
+        if bad:
+            problems.append(f"prompt {i}: non-finite logprobs {bad[:3]}")
+    diff = _max_diff(logprobs, [w["logprobs"] for w in warm]) if not problems else math.inf
+    if diff > probe.atol:
+        problems.append(f"cold and warm logprobs differ by {diff:.3g} (atol {probe.atol})")
+    checked = probe.expected_tokens is not None or probe.expected_logprobs is not None
+    if probe.expected_tokens is not None:
+        for i, (got, want) in enumerate(zip(tokens, probe.expected_tokens, strict=True)):
+            if got != want:
+                problems.append(f"prompt {i}: tokens {list(got)}, expected {list(want)}")
+    if probe.expected_logprobs is not None and not problems:
+        off = _max_diff(logprobs, probe.expected_logprobs)
+        if off > probe.atol:
+            problems.append(
+                f"logprobs differ from the expected ones by {off:.3g} (atol {probe.atol})"
+            )
+    return ProbeResult(
+        ran=True,
+        ok=not problems,
+        prompts=prompts,
+        tokens=tokens,
+        logprobs=logprobs,
+        cached_tokens=tuple(w["cached"] for w in warm),
+        max_logprob_diff=0.0 if not math.isfinite(diff) else diff,
+        checked_expected=checked,
+        problems=tuple(problems),
+        seconds=time.perf_counter() - start,
+    )

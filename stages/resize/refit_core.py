@@ -1,0 +1,634 @@
+"""A weight refit as a step list on the live-transaction driver, in the engine core.
+
+What belongs here: the refit's checks (:func:`prepare`: the engine, the state, the new
+weights against the engine's checkpoint, the size and memory — all before anything
+changes), its steps (pause, teardown, load, digest, kv_phase, warmup, scheduler, caches,
+probe) on :mod:`.txn`'s driver — the pause, teardown, KV phase, warm-up and scheduler
+steps are :mod:`.steps`' own — its fail-closed undo, its commit, and :func:`refit`, which
+drives it and answers a :class:`~.receipt.RefitReceipt` or a typed error. The frontend's
+part is in :mod:`.refit_api`; the ``EngineCore`` method in :mod:`.engine`.
+
+Fail closed: once a step has started, the previous weights may be gone (vLLM reloads in
+place), so no failure goes back to them. Every rank drops its KV cache, the prefix cache is
+emptied, requests queued during the refit finish with an error, and the engine refuses
+requests (``RefitFailedError``; HTTP 503) until a later refit succeeds. That refit starts
+from the failed state as from a released one: no step needs what the failed one left.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from ..contract.declare import vllm_uses
+from ..errors import RefitError, RefitRefusedError, ResizeError
+from . import probe as probes
+from . import rank as ranks
+from .receipt import RefitReceipt, RefitStep, WeightsInfo
+from .records import RankFailure, RankStatus, RankTeardown, answered
+from .replay import Plan
+from .steps import (
+    KV_PHASE,
+    PAUSE,
+    SCHEDULER,
+    WARMUP,
+    Clock,
+    Live,
+    RankStepFailed,
+    engine_state,
+    released_figures,
+)
+from .txn import Step, Transaction, TransactionFailed, drive
+from .weights import (
+    RankCaches,
+    RankDigest,
+    RankLoad,
+    Schema,
+    Source,
+    folder_schema,
+    mismatches,
+    rank_caches,
+    rank_digest,
+    rank_load,
+    tensors_schema,
+)
+
+__all__ = [
+    "REFIT",
+    "REFIT_RELEASED",
+    "Prepared",
+    "Refit",
+    "WeightsState",
+    "failed_message",
+    "failure_text",
+    "info",
+    "prepare",
+    "refit",
+    "refused",
+    "weights_state",
+]
+
+logger = logging.getLogger("vllm.initpipe")
+
+
+# -- state --------------------------------------------------------------------------------
+@attrs.define
+class WeightsState:
+    """What refits keep on the engine core (beside the KV cache's :class:`EngineState`)."""
+
+    refits: int = 0
+    failures: int = 0
+    digests: tuple[str, ...] = ()
+    last_refit_s: float | None = None
+    last_receipt: RefitReceipt | None = None
+    failure: dict[str, Any] | None = None
+    #: the checkpoint the engine's weights follow: names, shapes, dtypes, and where it is
+    schema: Schema | None = None
+    schema_from: str | None = None
+
+
+def weights_state(core: Any) -> WeightsState:
+    ws = getattr(core, "_initpipe_weights_state", None)
+    if ws is None:
+        ws = core._initpipe_weights_state = WeightsState()
+    return ws
+
+
+@vllm_uses("refit", calls=("vllm.v1.engine.core:EngineCore.get_weight_version",))
+def _version(core: Any) -> str:
+    return str(core.get_weight_version())
+
+
+def info(core: Any) -> WeightsInfo:
+    """The engine's weights now."""
+    st, ws = engine_state(core), weights_state(core)
+    state = "busy" if st.busy else st.state
+    return WeightsInfo(
+        state=state,  # type: ignore[arg-type]
+        version=_version(core),
+        digests=ws.digests,
+        refits=ws.refits,
+        failures=ws.failures,
+        last_refit_s=ws.last_refit_s,
+        failure=ws.failure,
+        last_receipt=ws.last_receipt,
+    )
+
+
+# -- the context ----------------------------------------------------------------------------
+@attrs.define(kw_only=True)
+class Refit(Live):
+    """A resize's context plus what a refit carries through its steps.
+
+    Attributes:
+        source: the weights to load.
+        expected_digest: the digest(s) the caller expects, one per rank (None: unchecked).
+        probe: the probe to run.
+        version: the version the engine serves afterwards.
+        trace: each step's record, in order.
+        digests: each rank's digest once the digest step ran.
+        caches: what the caches step did, by cache.
+        probe_result: the probe's result once it ran.
+        stale: the prefix cache's block hashes before the refit (none may survive it).
+    """
+
+    source: Source
+    expected_digest: tuple[str, ...] | None
+    probe: probes.Probe
+    version: str
+    trace: list[RefitStep] = attrs.field(factory=list)
+    moved: dict[str, int] = attrs.field(factory=dict)
+    digests: tuple[str, ...] = ()
+    caches: dict[str, str] = attrs.field(factory=dict)
+    probe_result: probes.ProbeResult | None = None
+    stale: frozenset[Any] = frozenset()
+    unpaused: Any = None
+    weights_bytes: int = 0
+
+
+def _recorded(step: Step[Refit]) -> Step[Refit]:
+    """``step`` with its ok, milliseconds and bytes written to the receipt's trace."""
+
+    def do(live: Refit) -> None:
+        start = time.perf_counter()
+        try:
+            step.do(live)
+        except BaseException:
+            live.trace.append(RefitStep(name=step.name, ok=False, ms=_ms(start)))
+            raise
+        live.trace.append(
+            RefitStep(name=step.name, ok=True, ms=_ms(start), bytes=live.moved.get(step.name, 0))
+        )
+
+    return attrs.evolve(step, do=do)
+
+
+def _ms(start: float) -> float:
+    return (time.perf_counter() - start) * 1e3
+
+
+def _on_ranks(
+    live: Refit, step: str, func: Callable[..., Any], record: type[Any], *args: Any
+) -> list[Any]:
+    answers = live.rpc(func, record, *args)
+    bad = next((a for a in answers if isinstance(a, RankFailure)), None)
+    if bad is not None:
+        raise RankStepFailed(step, bad)
+    return answered(answers)
+
+
+# -- the steps ------------------------------------------------------------------------------
+def _teardown(live: Refit) -> None:
+    answers = _on_ranks(live, "teardown", ranks.rank_teardown, RankTeardown)
+    live.moved["teardown"] = sum(a.bytes_freed for a in answers)
+
+
+def _load(live: Refit) -> None:
+    _on_ranks(live, "load", rank_load, RankLoad, live.source)
+    live.moved["load"] = live.weights_bytes
+
+
+def _digest(live: Refit) -> None:
+    answers: list[RankDigest] = _on_ranks(live, "digest", rank_digest, RankDigest)
+    live.digests = tuple(a.digest for a in sorted(answers, key=lambda a: a.rank))
+    live.moved["digest"] = sum(a.bytes_hashed for a in answers)
+    want = live.expected_digest
+    if want is not None and tuple(want) != live.digests:
+        lines = [
+            f"rank {r}: {got}, expected {exp}"
+            for r, (got, exp) in enumerate(zip(live.digests, want, strict=False))
+            if got != exp
+        ]
+        if len(want) != len(live.digests):
+            lines.append(f"{len(want)} digests expected for {len(live.digests)} ranks")
+        raise ValueError("the weights digest differs from the expected one: " + "; ".join(lines))
+
+
+def _kv_phase(live: Refit) -> None:
+    KV_PHASE.do(live)
+    live.moved["kv_phase"] = sum(r.bytes_allocated for r in live.ranks.values())
+
+
+def _hashes(core: Any) -> frozenset[Any]:
+    """The block hashes the scheduler's prefix cache holds now."""
+    pool = core.scheduler.kv_cache_manager.block_pool
+    table = pool.cached_block_hash_to_block
+    return frozenset(getattr(table, "_cache", table))
+
+
+@vllm_uses(
+    "refit",
+    mirrors=("vllm.v1.core.block_pool:BlockHashToBlockMap.__init__",),
+    calls=(
+        "vllm.v1.core.block_pool:BlockPool.cached_block_hash_to_block",
+        "vllm.v1.core.sched.scheduler:Scheduler.reset_encoder_cache",
+        "vllm.v1.core.sched.scheduler:Scheduler.reset_prefix_cache",
+    ),
+)
+def _caches(live: Refit) -> None:
+    """Every cache computed from the old weights is empty — checked, not assumed."""
+    core = live.core
+    held = _hashes(core)
+    if held:
+        raise RuntimeError(f"the new prefix cache holds {len(held)} blocks before serving")
+    core.scheduler.reset_encoder_cache()
+    encoder = core.scheduler.encoder_cache_manager
+    left = len(getattr(encoder, "cached", {}) or {})
+    if left:
+        raise RuntimeError(f"the scheduler's encoder cache still holds {left} entries")
+    answers: list[RankCaches] = _on_ranks(live, "caches", rank_caches, RankCaches)
+    worker_left = {a.rank: a.encoder_entries for a in answers if a.encoder_entries}
+    if worker_left:
+        raise RuntimeError(f"encoder cache entries left on ranks {worker_left}")
+    live.caches["prefix_cache"] = (
+        f"emptied and checked: {len(live.stale)} cached blocks before, none after"
+    )
+    live.caches["encoder_cache"] = "emptied and checked (scheduler and every rank)"
+    live.caches["kv_connector"] = "none configured (a refit refuses a KV connector)"
+    live.caches["multimodal_inputs"] = (
+        "kept: preprocessed inputs do not depend on the weights (vLLM's sender and "
+        "receiver caches stay in step)"
+    )
+
+
+def _probe(live: Refit) -> None:
+    core, probe = live.core, live.probe
+    if not probe.enabled:
+        live.probe_result = probes.ProbeResult(ran=False, ok=True)
+        return
+    prompts = probe.prompts
+    if prompts is None:
+        model = core.vllm_config.model_config
+        prompts = probes.default_prompts(
+            model.get_vocab_size(),
+            int(core.vllm_config.cache_config.block_size),
+            int(model.max_model_len),
+            probe.max_tokens,
+        )
+    result = probes.run(core, probe, prompts, unpaused=live.unpaused, paused=live.paused_all)
+    live.probe_result = result
+    _drop_probe_blocks(core)
+    if not result.ok:
+        raise probes.ProbeFailed(result)
+
+
+def _drop_probe_blocks(core: Any) -> None:
+    """The probe's blocks leave the prefix cache: the engine then holds what a fresh one
+    started with these weights holds (checked)."""
+    from .steps import _flush_finished
+
+    _flush_finished(core)
+    if not core.scheduler.reset_prefix_cache() or _hashes(core):
+        raise RuntimeError("the prefix cache could not be emptied after the probe")
+
+
+# -- fail closed and commit -----------------------------------------------------------------
+@vllm_uses(
+    "refit",
+    calls=(
+        "vllm.v1.engine.core:EngineCoreProc._send_error_outputs_to_client",
+        "vllm.v1.engine.core:EngineCore.abort_requests",
+    ),
+)
+def _fail_closed(live: Refit) -> None:
+    """After any failure: no KV cache on any rank, an empty prefix cache, the queued
+    requests finished with an error, the engine ``failed`` (it refuses requests)."""
+    core, st = live.core, live.st
+    for a in live.rpc(ranks.rank_teardown, RankTeardown):
+        if isinstance(a, RankFailure):
+            logger.error("initpipe: refit: rank %s kept its KV cache: %s", a.rank, a.error)
+    sched = core.scheduler
+    queued = [r for r in list(sched.waiting) if not r.is_finished()]
+    if queued:
+        send = getattr(core, "_send_error_outputs_to_client", None)
+        by_client: dict[int, list[str]] = {}
+        for r in queued:
+            by_client.setdefault(r.client_index, []).append(r.request_id)
+        core.abort_requests([r.request_id for r in queued])
+        if send is not None:
+            for client, ids in by_client.items():
+                send(ids, client)
+    try:
+        sched.reset_prefix_cache()
+    except Exception:
+        logger.exception("initpipe: refit: the prefix cache could not be reset")
+    st.state, st.bytes_per_rank = "failed", ()
+    st.resume_blocks = live.new.num_blocks if live.new is not None else st.resume_blocks
+    released_figures(core)
+    weights_state(core).digests = ()
+
+
+@vllm_uses("refit", calls=("vllm.v1.engine.core:EngineCore.set_weight_version",))
+def _commit(live: Refit) -> None:
+    assert live.new is not None
+    st = live.st
+    st.state, st.resume_blocks = "serving", None
+    st.bytes_per_rank = live.new.bytes_per_rank()
+    live.core.set_weight_version(live.version)
+    live.core.scheduler.set_pause_state(live.saved_pause)
+
+
+_TEARDOWN = Step(name="teardown", do=_teardown, undo=_fail_closed)
+_LOAD = Step(name="load", do=_load)
+_LATER: tuple[Step[Refit], ...] = (
+    Step(name="digest", do=_digest),
+    Step(name="kv_phase", do=_kv_phase),
+    WARMUP,  # type: ignore[assignment]
+    SCHEDULER,  # type: ignore[assignment]
+    Step(name="caches", do=_caches),
+    Step(name="probe", do=_probe),
+)
+#: A refit of a serving engine: its KV cache goes first, any failure fails closed.
+REFIT: Transaction[Refit] = Transaction(
+    name="refit",
+    pause=PAUSE,  # type: ignore[arg-type]
+    steps=tuple(_recorded(s) for s in (_TEARDOWN, _LOAD, *_LATER)),
+    commit=_commit,
+)
+#: A refit of an engine with no KV cache (released, or failed by an earlier refit).
+REFIT_RELEASED: Transaction[Refit] = Transaction(
+    name="refit",
+    pause=PAUSE,  # type: ignore[arg-type]
+    steps=tuple(_recorded(s) for s in (attrs.evolve(_LOAD, undo=_fail_closed), *_LATER)),
+    commit=_commit,
+)
+
+
+# -- checks ---------------------------------------------------------------------------------
+def refused(step: str, reason: str) -> RefitRefusedError:
+    return RefitRefusedError(
+        f"refit refused ({step}): {reason.rstrip('. ')}. Nothing changed; the engine serves "
+        "on with its previous weights.",
+        step=step,
+        reason=reason,
+    )
+
+
+def _reference(core: Any, ws: WeightsState) -> tuple[Schema | None, str | None]:
+    """The checkpoint the new weights must match: the last refit's, else the folder the
+    engine started from when it holds safetensors files (None: nothing to check against)."""
+    if ws.schema is not None:
+        return ws.schema, ws.schema_from
+    model = core.vllm_config.model_config
+    folder = str(getattr(model, "model_weights", "") or model.model)
+    try:
+        schema, _size = folder_schema(folder)
+    except (OSError, ValueError):
+        return None, None
+    return schema, folder
+
+
+@attrs.frozen
+class Prepared:
+    """What a refit checked and planned before touching anything."""
+
+    statuses: list[RankStatus]
+    before: int
+    old: Plan | None
+    new: Plan
+    num_blocks: int | None
+    kv_cache_memory_bytes: int | None
+    schema: Schema
+    schema_from: str | None
+    checked_against: str | None
+    weights_bytes: int
+    stale: frozenset[Any]
+    seconds: float
+
+
+def prepare(
+    core: Any,
+    source: Source,
+    *,
+    num_blocks: int | None,
+    kv_cache_memory_bytes: int | None,
+    check_engine: Callable[[Any, str], Any],
+) -> Prepared:
+    """Every check, with no side effect. ``check_engine(core, capability)`` is the
+    engine check resizes run (:func:`.engine.prepare`'s), answering the rank statuses.
+
+    Raises:
+        RefitRefusedError: nothing changed.
+    """
+    start = time.perf_counter()
+    st, ws = engine_state(core), weights_state(core)
+    try:
+        statuses = check_engine(core, "refit")
+    except ResizeError as err:
+        raise refused(err.step, err.reason) from None
+    if core.scheduler.connector is not None:
+        raise refused(
+            "engine",
+            f"KV connector {type(core.scheduler.connector).__name__}: the KV it stores was "
+            "computed with the old weights and a refit cannot empty it; start the engine "
+            "without kv_transfer_config to refit it",
+        )
+    try:
+        if source.path is not None:
+            schema, size = folder_schema(source.path)
+        else:
+            schema, size = tensors_schema(source.tensors or ())
+    except (OSError, ValueError) as err:
+        raise refused("weights", str(err)) from None
+    reference, where = _reference(core, ws)
+    if reference is not None:
+        bad = mismatches(reference, schema)
+        if bad:
+            shown = "; ".join(bad[:8]) + (f"; and {len(bad) - 8} more" if len(bad) > 8 else "")
+            raise refused(
+                "weights", f"the new weights do not match the checkpoint at {where}: {shown}"
+            )
+    before = int(core.scheduler.kv_cache_config.num_blocks) if st.state == "serving" else 0
+    if num_blocks is None and kv_cache_memory_bytes is None:
+        num_blocks = before or st.resume_blocks
+    from .replay import plan, plan_or_explain
+
+    try:
+        old = plan(core, num_blocks=before) if before else None
+        new = plan_or_explain(
+            core, num_blocks=num_blocks, kv_cache_memory_bytes=kv_cache_memory_bytes
+        )
+    except ResizeError as err:
+        raise refused(err.step, err.reason) from None
+    for status, need in zip(statuses, new.bytes_per_rank(), strict=True):
+        room = status.available_memory
+        if room is not None and need - status.kv_bytes > room:
+            raise refused(
+                "memory",
+                f"rank {status.rank} needs {need:,} bytes for {new.num_blocks} blocks; "
+                f"{status.kv_bytes:,} are freed first and {room:,} are available",
+            )
+    return Prepared(
+        statuses=statuses,
+        before=before,
+        old=old,
+        new=new,
+        num_blocks=num_blocks,
+        kv_cache_memory_bytes=kv_cache_memory_bytes,
+        schema=reference if reference is not None else schema,
+        schema_from=where if reference is not None else source.path,
+        checked_against=where if reference is not None else None,
+        weights_bytes=size,
+        stale=_hashes(core) if before else frozenset(),
+        seconds=time.perf_counter() - start,
+    )
+
+
+# -- the refit ------------------------------------------------------------------------------
+def _failure(failed: TransactionFailed) -> tuple[str, int | None, str]:
+    cause = failed.cause
+    if isinstance(cause, RankStepFailed):
+        f = cause.failure
+        return failed.step, f.rank, f.error
+    return failed.step, None, f"{type(cause).__name__}: {cause}"
+
+
+@vllm_uses(
+    "refit",
+    calls=(
+        "vllm.v1.core.sched.interface:PauseState",
+        "vllm.v1.core.sched.scheduler:Scheduler.pause_state",
+    ),
+)
+def refit(
+    core: Any,
+    source: Source,
+    *,
+    rpc: Any,
+    prepared: Prepared,
+    expected_digest: tuple[str, ...] | None,
+    probe: probes.Probe,
+    version: str | None,
+    transport: str,
+    mode: str = "wait",
+    aborted: tuple[str, ...] = (),
+    prior_pause: Any = None,
+    pause_s: float = 0.0,
+) -> RefitReceipt:
+    """Drive a refit on ``core``, checked by ``prepared`` (requests holding KV blocks
+    must be gone, as for a resize).
+
+    Raises:
+        RefitRefusedError: refused (the pause) before anything changed.
+        RefitError: a step failed; the engine failed closed (``serving`` False).
+    """
+    from vllm.v1.core.sched.interface import PauseState
+
+    start = time.perf_counter() - pause_s - prepared.seconds
+    st, ws = engine_state(core), weights_state(core)
+    p = prepared
+    previous = _version(core)
+    if prior_pause is None:
+        prior_pause = core.scheduler.pause_state
+    live = Refit(
+        core=core,
+        st=st,
+        clock=Clock(),
+        rpc=rpc,
+        before=p.before,
+        old=p.old,
+        new=p.new,
+        num_blocks=p.num_blocks,
+        kv_cache_memory_bytes=p.kv_cache_memory_bytes,
+        prior_pause=prior_pause,
+        saved_pause=st.user_pause if st.state != "serving" else prior_pause,
+        paused_all=PauseState.PAUSED_ALL,
+        unpaused=PauseState.UNPAUSED,
+        ranks={s.rank: _rank_report(s.rank) for s in p.statuses},
+        source=source,
+        expected_digest=expected_digest,
+        probe=probe,
+        version=version or f"refit-{ws.refits + 1}",
+        stale=p.stale,
+        weights_bytes=p.weights_bytes,
+    )
+    if p.before == 0 and st.state == "serving":  # pragma: no cover -- prepare guarantees
+        raise refused("state", "the engine serves with no KV cache")
+    txn = REFIT if p.before else REFIT_RELEASED
+    try:
+        drive(txn, live)
+    except TransactionFailed as failed:
+        step, rank, error = _failure(failed)
+        ws.failures += 1
+        ws.failure = {"step": step, "rank": rank, "error": error}
+        on_rank = "" if rank is None else f" on rank {rank}"
+        after = (
+            "the engine failed closed: it refuses requests until a refit succeeds "
+            "(call refit() again)"
+            if failed.rolled_back_cleanly
+            else "the engine failed closed, but releasing its KV cache failed too: "
+            f"{failed.rollback_errors[0][1]}; call refit() again or restart it"
+        )
+        raise RefitError(
+            f"refit failed at step {step!r}{on_rank}: {error}; {after}",
+            step=step,
+            rank=rank,
+            reason=error,
+            serving=False,
+        ) from failed.cause
+    except ResizeError as err:  # the pause refused: nothing changed
+        raise refused(err.step, err.reason) from None
+    assert live.probe_result is not None
+    total = time.perf_counter() - start
+    receipt = RefitReceipt(
+        version=live.version,
+        previous_version=previous,
+        digests=live.digests,
+        digest_checked=expected_digest is not None,
+        weights={
+            "kind": source.kind,
+            "path": source.path,
+            "bytes": p.weights_bytes,
+            "transport": transport,
+            "checked_against": p.checked_against,
+        },
+        blocks_before=p.before,
+        blocks_after=p.new.num_blocks,
+        kv_bytes_per_rank=p.new.bytes_per_rank(),
+        steps=(
+            RefitStep(name="plan", ok=True, ms=p.seconds * 1e3),
+            RefitStep(name="pause", ok=True, ms=(pause_s + live.clock.steps["pause"]) * 1e3),
+            *live.trace,
+        ),
+        caches=live.caches,
+        probe=live.probe_result,
+        mode=mode,
+        requests_waited=live.waited,
+        requests_aborted=aborted,
+        total_s=total,
+    )
+    ws.refits += 1
+    ws.digests = live.digests
+    ws.last_refit_s = total
+    ws.last_receipt = receipt
+    ws.failure = None
+    ws.schema, ws.schema_from = p.schema, p.schema_from
+    logger.info("initpipe: %s", receipt)
+    return receipt
+
+
+def _rank_report(rank: int) -> Any:
+    from .report import RankReport
+
+    return RankReport(rank=rank)
+
+
+def failed_message(core: Any) -> str | None:
+    """What a request is told while the last refit has failed (None: it has not)."""
+    if engine_state(core).state != "failed":
+        return None
+    return failure_text(weights_state(core).failure)
+
+
+def failure_text(failure: dict[str, Any] | None) -> str:
+    f = failure or {}
+    on_rank = "" if f.get("rank") is None else f" on rank {f['rank']}"
+    return (
+        f"the engine's last weight refit failed at step {f.get('step')!r}{on_rank} "
+        f"({f.get('error')}): it serves nothing until a refit succeeds "
+        "(initpipe_vllm.refit, or POST /initpipe/weights/refit)"
+    )

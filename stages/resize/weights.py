@@ -1,0 +1,309 @@
+"""The weights of a refit: where they come from, what they must look like, and the rank side.
+
+What belongs here: the :class:`Source` a refit loads (a folder of safetensors files, or
+``(name, tensor)`` pairs in checkpoint format), the check of a source against the
+engine's own checkpoint before anything changes (:func:`schema_of`, :func:`mismatches`:
+names, shapes, dtypes read from the safetensors headers, never the tensors), the hand-off
+of in-memory tensors to workers in other processes (:func:`to_folder`), and the rank
+functions a refit sends through ``collective_rpc``: :func:`rank_load` (vLLM's own
+``Worker.reload_weights``: in place, layerwise, with the post-load processing — initpipe
+writes no loader), :func:`rank_digest` (a digest of every parameter and buffer after that
+processing) and :func:`rank_caches` (the weight-derived caches a rank holds, counted).
+Like every rank function they answer a record and never raise (:mod:`.rank`).
+
+Importing this module imports neither torch nor vLLM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ..contract.declare import vllm_uses
+from .rank import _failure, _rss, _worker, trim_memory
+from .records import RankRecord
+
+__all__ = [
+    "RankCaches",
+    "RankDigest",
+    "RankLoad",
+    "Schema",
+    "Source",
+    "folder_schema",
+    "mismatches",
+    "rank_caches",
+    "rank_digest",
+    "rank_load",
+    "tensors_schema",
+    "to_folder",
+]
+
+#: name -> (shape, dtype name as torch spells it)
+Schema = dict[str, tuple[tuple[int, ...], str]]
+
+#: safetensors' dtype codes, as torch names them
+_ST_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
+
+
+@attrs.frozen(kw_only=True)
+class Source:
+    """What a rank loads: a folder (``path``) or the tensors themselves (``tensors``:
+    only where the workers share the caller's process)."""
+
+    path: str | None = None
+    tensors: tuple[tuple[str, Any], ...] | None = None
+
+    @property
+    def kind(self) -> str:
+        return "folder" if self.path is not None else "tensors"
+
+
+# -- schemas ------------------------------------------------------------------------------
+def _safetensors_files(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.safetensors"))
+
+
+def folder_schema(folder: str | os.PathLike[str]) -> tuple[Schema, int]:
+    """The tensors a folder of safetensors files holds (read from the headers only) and
+    their bytes on disk.
+
+    Raises:
+        FileNotFoundError: no such folder, or no ``*.safetensors`` file in it.
+        ValueError: a file whose header cannot be read, or a tensor in two files.
+    """
+    from safetensors import safe_open
+
+    root = Path(folder)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root} is not a folder")
+    files = _safetensors_files(root)
+    if not files:
+        raise FileNotFoundError(f"{root} holds no *.safetensors file")
+    schema: Schema = {}
+    size = 0
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt") as f:  # type: ignore[no-untyped-call]
+                for name in f.keys():
+                    if name in schema:
+                        raise ValueError(f"tensor {name!r} is in two files (one is {path.name})")
+                    part = f.get_slice(name)
+                    schema[name] = (
+                        tuple(part.get_shape()),
+                        _ST_DTYPES.get(part.get_dtype(), part.get_dtype()),
+                    )
+        except ValueError:
+            raise
+        except Exception as err:  # safetensors raises its own SafetensorError
+            raise ValueError(f"{path.name}: not a readable safetensors file ({err})") from err
+        size += path.stat().st_size
+    return schema, size
+
+
+def tensors_schema(tensors: Iterable[tuple[str, Any]]) -> tuple[Schema, int]:
+    """The same for ``(name, tensor)`` pairs.
+
+    Raises:
+        ValueError: an item that is not a ``(str, tensor)`` pair, or a name given twice.
+    """
+    schema: Schema = {}
+    size = 0
+    for i, item in enumerate(tensors):
+        ok = isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+        if not ok or not hasattr(item[1], "shape"):
+            raise ValueError(f"item {i} is not a (name, tensor) pair: {type(item).__name__}")
+        name, tensor = item
+        if name in schema:
+            raise ValueError(f"tensor {name!r} is given twice")
+        schema[name] = (tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
+        size += int(tensor.numel()) * int(tensor.element_size())
+    return schema, size
+
+
+def mismatches(reference: Mapping[str, tuple[tuple[int, ...], str]], new: Schema) -> list[str]:
+    """How ``new`` differs from the ``reference`` checkpoint: one line per tensor missing,
+    unexpected, of another shape or of another dtype (empty: it matches)."""
+    lines = [f"missing tensor {n!r}" for n in sorted(set(reference) - set(new))]
+    lines += [f"unexpected tensor {n!r}" for n in sorted(set(new) - set(reference))]
+    for name in sorted(set(reference) & set(new)):
+        (shape, dtype), (new_shape, new_dtype) = reference[name], new[name]
+        if tuple(shape) != new_shape:
+            lines.append(f"tensor {name!r} has shape {list(new_shape)}, expected {list(shape)}")
+        if dtype != new_dtype:
+            lines.append(f"tensor {name!r} has dtype {new_dtype}, expected {dtype}")
+    return lines
+
+
+def to_folder(tensors: Iterable[tuple[str, Any]], parent: str | None = None) -> Path:
+    """Write ``(name, tensor)`` pairs as one safetensors file in a new temporary folder
+    (under ``/dev/shm`` where it exists: the pages are read back at memory speed), for
+    workers in other processes to load. The caller removes the folder."""
+    from safetensors.torch import save_file
+
+    if parent is None and os.access("/dev/shm", os.W_OK):
+        parent = "/dev/shm"
+    folder = Path(tempfile.mkdtemp(prefix="initpipe_refit_", dir=parent))
+    try:
+        seen: set[int] = set()
+        out: dict[str, Any] = {}
+        for name, tensor in tensors:
+            t = tensor.detach().to("cpu")
+            ptr = t.untyped_storage().data_ptr()
+            out[name] = t.clone() if ptr in seen else t.contiguous()  # tied: own storage
+            seen.add(ptr)
+        save_file(out, str(folder / "model.safetensors"))
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder
+
+
+# -- the rank side --------------------------------------------------------------------------
+@attrs.frozen(kw_only=True)
+class RankLoad(RankRecord):
+    """A rank loaded the new weights (``rank_load``)."""
+
+    seconds: float
+    bytes_loaded: int
+    rss_after: int | None
+
+
+@attrs.frozen(kw_only=True)
+class RankDigest(RankRecord):
+    """A digest of a rank's weights after post-processing (``rank_digest``)."""
+
+    digest: str
+    tensors: int
+    bytes_hashed: int
+    seconds: float
+
+
+@attrs.frozen(kw_only=True)
+class RankCaches(RankRecord):
+    """What a rank still holds that was computed from weights (``rank_caches``)."""
+
+    encoder_entries: int
+    seconds: float
+
+
+def _model(worker: Any) -> Any:
+    return worker.model_runner.get_model()
+
+
+def _param_bytes(model: Any) -> int:
+    return sum(int(p.numel()) * int(p.element_size()) for p in model.parameters())
+
+
+@vllm_uses(
+    "refit",
+    calls=(
+        "vllm.v1.worker.gpu_worker:Worker.reload_weights",
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner.reload_weights",
+        "vllm.v1.worker.gpu.model_runner:GPUModelRunner.reload_weights",
+        "vllm.model_executor.model_loader.reload.inplace:reload_weights",
+    ),
+)
+def rank_load(wrapper: Any, source: Source) -> dict[str, Any]:
+    """Load ``source`` into this rank's model through vLLM's ``Worker.reload_weights``
+    (each rank reads its own shard through vLLM's loader; the runner then resets its LoRA,
+    encoder and multimodal caches, as vLLM's reload does)."""
+    worker, rank = _worker(wrapper)
+    start = time.perf_counter()
+    try:
+        if source.path is not None:
+            worker.reload_weights(weights_path=source.path)
+        else:
+            worker.reload_weights(weights_iterator=iter(source.tensors or ()))
+        trim_memory()
+        return RankLoad(
+            rank=rank,
+            seconds=time.perf_counter() - start,
+            bytes_loaded=_param_bytes(_model(worker)),
+            rss_after=_rss(),
+        ).to_dict()
+    except Exception as err:
+        failure = _failure(rank, err, "load")
+        return attrs.evolve(failure, seconds=time.perf_counter() - start).to_dict()
+
+
+def weights_digest(model: Any) -> tuple[str, int, int]:
+    """``sha256:<hex>`` over every parameter and buffer of ``model`` in name order (each
+    one's name, dtype, shape and bytes), the number of tensors and the bytes hashed. A
+    tensor off the CPU is copied to it first."""
+    import torch
+
+    h = hashlib.sha256()
+    named = dict(model.named_parameters(remove_duplicate=False))
+    named.update(model.named_buffers(remove_duplicate=False))
+    hashed = 0
+    for name in sorted(named):
+        t = named[name].detach()
+        h.update(f"{name}|{t.dtype}|{list(t.shape)}\0".encode())
+        data = t.contiguous().to("cpu").reshape(-1).view(torch.uint8)
+        h.update(memoryview(data.numpy()))
+        hashed += int(data.numel())
+    return f"sha256:{h.hexdigest()}", len(named), hashed
+
+
+def rank_digest(wrapper: Any) -> dict[str, Any]:
+    """This rank's :func:`weights_digest`."""
+    worker, rank = _worker(wrapper)
+    start = time.perf_counter()
+    try:
+        digest, count, hashed = weights_digest(_model(worker))
+        return RankDigest(
+            rank=rank,
+            digest=digest,
+            tensors=count,
+            bytes_hashed=hashed,
+            seconds=time.perf_counter() - start,
+        ).to_dict()
+    except Exception as err:
+        return _failure(rank, err, "digest").to_dict()
+
+
+def _encoder_entries(runner: Any) -> int:
+    """Entries of the runner's encoder cache (v1: a dict; MRv2: its encoder cache's)."""
+    cache = getattr(runner, "encoder_cache", None)
+    if cache is None:
+        return 0
+    if isinstance(cache, dict):
+        return len(cache)
+    outputs = getattr(cache, "encoder_outputs", None)
+    return len(outputs) if isinstance(outputs, dict) else 0
+
+
+def rank_caches(wrapper: Any) -> dict[str, Any]:
+    """Empty this rank's encoder cache (vLLM's ``reset_encoder_cache``) and count what is
+    left: a refit checks the count, it does not assume it."""
+    worker, rank = _worker(wrapper)
+    start = time.perf_counter()
+    try:
+        runner = worker.model_runner
+        runner.reset_encoder_cache()
+        return RankCaches(
+            rank=rank, encoder_entries=_encoder_entries(runner), seconds=time.perf_counter() - start
+        ).to_dict()
+    except Exception as err:
+        return _failure(rank, err, "caches").to_dict()
