@@ -665,6 +665,7 @@ def _refit_method(
             probe=Probe.from_dict(spec.get("probe") or {}),
             version=spec.get("version"),
             transport=spec.get("transport", "folder"),
+            kind=spec.get("kind"),
             mode=mode,
             aborted=gone if in_own else tuple(aborted or ()),
             prior_pause=prior,

@@ -38,6 +38,7 @@ class RefitReceipt:
             output); previous_version: the one before.
         digests: each rank's weights digest after loading (``sha256:...``), in rank order.
         digest_checked: whether the caller's expected digest was compared (and matched).
+        model_runner: the workers' vLLM model runner, ``"v1"`` or ``"v2"``.
         weights: where the weights came from: ``kind`` (``folder`` / ``tensors``),
             ``path``, ``bytes``, ``transport`` (``in-process`` or ``folder``) and
             ``checked_against`` (the checkpoint whose names, shapes and dtypes the new
@@ -55,6 +56,7 @@ class RefitReceipt:
     previous_version: str
     digests: tuple[str, ...]
     digest_checked: bool
+    model_runner: str | None = None
     weights: Mapping[str, Any] = attrs.field(factory=dict, hash=False)
     blocks_before: int
     blocks_after: int
@@ -85,7 +87,8 @@ class RefitReceipt:
     def __str__(self) -> str:
         mib = 1 << 20
         lines = [
-            f"refit {self.previous_version} -> {self.version} ({self.mode}): "
+            f"refit {self.previous_version} -> {self.version} ({self.mode}, runner "
+            f"{self.model_runner}): "
             f"{self.blocks_before} -> {self.blocks_after} blocks, {self.total_s * 1e3:.1f} ms",
             f"  weights: {self.weights.get('kind')} {self.weights.get('path') or ''} "
             f"{self.weights.get('bytes', 0) / mib:.1f} MiB".rstrip(),

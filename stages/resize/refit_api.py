@@ -143,6 +143,7 @@ def _spec(
         "probe": _probe(probe).to_dict(),
         "version": version,
         "transport": "folder",
+        "kind": "folder" if tensors is None else "tensors",
     }
     return spec, tensors
 

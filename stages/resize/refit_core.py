@@ -504,6 +504,7 @@ def refit(
     probe: probes.Probe,
     version: str | None,
     transport: str,
+    kind: str | None = None,
     mode: str = "wait",
     aborted: tuple[str, ...] = (),
     prior_pause: Any = None,
@@ -579,8 +580,9 @@ def refit(
         previous_version=previous,
         digests=live.digests,
         digest_checked=expected_digest is not None,
+        model_runner=st.model_runner,
         weights={
-            "kind": source.kind,
+            "kind": kind or source.kind,
             "path": source.path,
             "bytes": p.weights_bytes,
             "transport": transport,
