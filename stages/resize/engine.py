@@ -251,18 +251,18 @@ def prepare(
     st = engine_state(core)
     if action not in TRANSACTIONS:
         raise refuse("arguments", f"action {action!r}: expected one of {sorted(TRANSACTIONS)}")
-    if action == "resize" and st.state == "released":
-        raise refuse("state", "the KV cache is released: call resume_kv_cache(num_blocks=...)")
-    if action == "release" and st.state == "released":
-        raise refuse("state", "the KV cache is already released")
-    if action == "resume" and st.state != "released":
-        raise refuse("state", "the KV cache is not released (resize it instead)")
     if st.state == "failed":
         from .refit_core import failure_text, weights_state
 
         raise refuse(
             "state", f"{failure_text(weights_state(core).failure)}; only a refit is accepted"
         )
+    if action == "resize" and st.state == "released":
+        raise refuse("state", "the KV cache is released: call resume_kv_cache(num_blocks=...)")
+    if action == "release" and st.state == "released":
+        raise refuse("state", "the KV cache is already released")
+    if action == "resume" and st.state != "released":
+        raise refuse("state", "the KV cache is not released (resize it instead)")
     statuses = _check_engine(core, _rpc(core, ranks.rank_status, RankStatus, _workers_apart(core)))
     st.model_runner = statuses[0].model_runner
     before = 0 if st.state == "released" else int(core.scheduler.kv_cache_config.num_blocks)

@@ -30,7 +30,7 @@ from . import probe as probes
 from . import rank as ranks
 from .receipt import RefitReceipt, RefitStep, WeightsInfo
 from .records import RankFailure, RankStatus, RankTeardown, answered
-from .replay import Plan
+from .replay import Plan, rebuild_scheduler_kv
 from .steps import (
     KV_PHASE,
     PAUSE,
@@ -271,18 +271,21 @@ def _probe(live: Refit) -> None:
         )
     result = probes.run(core, probe, prompts, unpaused=live.unpaused, paused=live.paused_all)
     live.probe_result = result
-    _drop_probe_blocks(core)
+    _drop_probe_blocks(live)
     if not result.ok:
         raise probes.ProbeFailed(result)
 
 
-def _drop_probe_blocks(core: Any) -> None:
-    """The probe's blocks leave the prefix cache: the engine then holds what a fresh one
-    started with these weights holds (checked)."""
+def _drop_probe_blocks(live: Refit) -> None:
+    """The probe's blocks leave the engine: the scheduler's KV cache manager is built again
+    for the new cache (the block pool, its free queue and prefix cache as a fresh engine's),
+    then checked empty. The probe's KV data stays in free blocks, as any served request's."""
     from .steps import _flush_finished
 
-    _flush_finished(core)
-    if not core.scheduler.reset_prefix_cache() or _hashes(core):
+    assert live.new is not None
+    _flush_finished(live.core)
+    rebuild_scheduler_kv(live.core, live.new)
+    if _hashes(live.core):
         raise RuntimeError("the prefix cache could not be emptied after the probe")
 
 
