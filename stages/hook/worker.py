@@ -421,7 +421,10 @@ class _TracedWorkerMixin:
 
     @vllm_uses(_BOTH, calls=(f"{_WORKER}.load_model",))
     def load_model(self, *args: Any, **kwargs: Any) -> Any:
-        with self._initpipe_span("load_model (weights)"):
+        # on CPU: the hash of each weight packed into a kernel handle, for a refit's digest
+        from .packed import recording_packed_weights
+
+        with self._initpipe_span("load_model (weights)"), recording_packed_weights():
             return super().load_model(*args, **kwargs)  # type: ignore[misc]
 
     @vllm_uses(

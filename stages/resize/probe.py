@@ -44,8 +44,8 @@ class Probe:
     """What a refit's probe serves and expects.
 
     Attributes:
-        prompts: token-id prompts; None: :func:`default_prompts` (two prompts a block and
-            a half long, built from the vocabulary).
+        prompts: token-id prompts; None: :func:`default_prompts` (one prompt a block and
+            a token long, built from the vocabulary).
         max_tokens: tokens generated per prompt (greedy).
         expected_tokens: the tokens each prompt must give (e.g. a previous receipt's
             ``probe.tokens`` for the same weights, or your trainer's); None: not checked.
@@ -57,7 +57,7 @@ class Probe:
     """
 
     prompts: tuple[tuple[int, ...], ...] | None = attrs.field(default=None, converter=_tuples)
-    max_tokens: int = 4
+    max_tokens: int = 2
     expected_tokens: tuple[tuple[int, ...], ...] | None = attrs.field(
         default=None, converter=_tuples
     )
@@ -158,13 +158,12 @@ class ProbeFailed(RuntimeError):
 def default_prompts(
     vocab_size: int, block_size: int, max_model_len: int, max_tokens: int
 ) -> tuple[tuple[int, ...], ...]:
-    """Two deterministic prompts a block and a half long (so the warm run hits a block),
-    shorter where ``max_model_len`` asks, drawn from the vocabulary (ids from 3 up)."""
-    length = max(1, min(block_size + block_size // 2 + 3, max_model_len - max_tokens - 1))
+    """One deterministic prompt a block and a token long — the shortest whose warm run hits
+    a cached block (it recomputes one token) — shorter where ``max_model_len`` asks, drawn
+    from the vocabulary (ids from 3 up)."""
+    length = max(1, min(block_size + 1, max_model_len - max_tokens - 1))
     span = max(1, vocab_size - 3)
-    return tuple(
-        tuple(3 + (7919 * j + 104_729 * (k + 1)) % span for j in range(length)) for k in range(2)
-    )
+    return (tuple(3 + (7919 * j + 104_729) % span for j in range(length)),)
 
 
 @vllm_uses(

@@ -231,10 +231,13 @@ def rank_load(wrapper: Any, source: Source) -> dict[str, Any]:
     worker, rank = _worker(wrapper)
     start = time.perf_counter()
     try:
-        if source.path is not None:
-            worker.reload_weights(weights_path=source.path)
-        else:
-            worker.reload_weights(weights_iterator=iter(source.tensors or ()))
+        from ..hook.packed import recording_packed_weights
+
+        with recording_packed_weights():
+            if source.path is not None:
+                worker.reload_weights(weights_path=source.path)
+            else:
+                worker.reload_weights(weights_iterator=iter(source.tensors or ()))
         trim_memory()
         return RankLoad(
             rank=rank,
@@ -249,21 +252,43 @@ def rank_load(wrapper: Any, source: Source) -> dict[str, Any]:
 
 def weights_digest(model: Any) -> tuple[str, int, int]:
     """``sha256:<hex>`` over every parameter and buffer of ``model`` in name order (each
-    one's name, dtype, shape and bytes), the number of tensors and the bytes hashed. A
-    tensor off the CPU is copied to it first."""
-    import torch
+    one's name and the sha256 of its dtype, shape and bytes), the number of tensors and the
+    bytes hashed. A weight vLLM's CPU kernels packed away (an empty parameter) counts with
+    the hash recorded as it was packed (:mod:`~initpipe_vllm.hook.packed`); one packed with
+    no record raises (the digest would not cover it). Tensors are hashed on a thread pool
+    (``hashlib`` releases the GIL); a tensor off the CPU is copied to it first."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    h = hashlib.sha256()
-    named = dict(model.named_parameters(remove_duplicate=False))
-    named.update(model.named_buffers(remove_duplicate=False))
+    from ..hook.packed import packed_weight_hash, tensor_hash
+
+    named: dict[str, Any] = {}
+    for module_name, module in model.named_modules():
+        prefix = f"{module_name}." if module_name else ""
+        for kind in (module.named_parameters, module.named_buffers):
+            for name, t in kind(recurse=False):
+                named[prefix + name] = (module, name, t)
+    pending: dict[str, Any] = {}
+    hashes: dict[str, str] = {}
     hashed = 0
-    for name in sorted(named):
-        t = named[name].detach()
-        h.update(f"{name}|{t.dtype}|{list(t.shape)}\0".encode())
-        data = t.contiguous().to("cpu").reshape(-1).view(torch.uint8)
-        h.update(memoryview(data.numpy()))
-        hashed += int(data.numel())
-    return f"sha256:{h.hexdigest()}", len(named), hashed
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        for full, (module, name, t) in named.items():
+            if t.numel() == 0 and name == "weight":
+                packed = packed_weight_hash(module)
+                if packed is None:
+                    raise RuntimeError(
+                        f"{full} was packed into a kernel with no recorded hash: the digest "
+                        "cannot cover it (load the model with the pipelined worker)"
+                    )
+                hashes[full] = f"packed:{packed}"
+                continue
+            pending[full] = pool.submit(tensor_hash, t)
+            hashed += int(t.numel()) * int(t.element_size())
+        for full, future in pending.items():
+            hashes[full] = future.result()
+    h = hashlib.sha256()
+    for full in sorted(hashes):
+        h.update(f"{full}\0{hashes[full]}\0".encode())
+    return f"sha256:{h.hexdigest()}", len(hashes), hashed
 
 
 def rank_digest(wrapper: Any) -> dict[str, Any]:

@@ -102,8 +102,14 @@ def _probe_outputs(llm: Any, prompts: list[list[int]]) -> dict[str, Any]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from initpipe_vllm.resize.probe import Probe
+
     params = SamplingParams(
-        max_tokens=4, temperature=0.0, ignore_eos=True, detokenize=False, logprobs=0
+        max_tokens=Probe().max_tokens,
+        temperature=0.0,
+        ignore_eos=True,
+        detokenize=False,
+        logprobs=0,
     )
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
     return {
@@ -130,7 +136,7 @@ def _error(err: BaseException) -> dict[str, Any]:
 
 
 def _default_prompts(llm: Any) -> list[list[int]]:
-    from initpipe_vllm.resize.probe import default_prompts
+    from initpipe_vllm.resize.probe import Probe, default_prompts
 
     cfg = _core(llm).vllm_config
     return [
@@ -139,7 +145,7 @@ def _default_prompts(llm: Any) -> list[list[int]]:
             cfg.model_config.get_vocab_size(),
             cfg.cache_config.block_size,
             cfg.model_config.max_model_len,
-            4,
+            Probe().max_tokens,
         )
     ]
 
@@ -147,11 +153,14 @@ def _default_prompts(llm: Any) -> list[list[int]]:
 def _fresh(folder: Path, extra: dict[str, Any], blocks: int) -> dict[str, Any]:
     from vllm import LLM
 
+    from initpipe_vllm.hook.packed import recording_packed_weights
     from initpipe_vllm.testing.equivalence import workload_engine_kwargs
     from initpipe_vllm.testing.stock import require_stock, runner_classes, stock_environment
 
     kwargs, _ = workload_engine_kwargs(folder, num_gpu_blocks_override=blocks, **extra)
-    with stock_environment():
+    # the record of the weights vLLM's CPU kernels pack away (for the digest): it changes
+    # nothing the engine does, which stays stock (checked)
+    with stock_environment(), recording_packed_weights():
         llm = LLM(**kwargs)
     require_stock(llm)
     try:
@@ -396,7 +405,7 @@ def _engine_under_test(a: Path, b: Path, extra: dict[str, Any], spy: Any, tmp: P
 
     # real failures after the start: fail closed, then a retry
     prompts = _default_prompts(llm)
-    wrong = Probe(prompts=prompts, expected_tokens=[[0, 0, 0, 0]] * len(prompts))
+    wrong = Probe(prompts=prompts, expected_tokens=[[0, 0]] * len(prompts))
     rec["probe_mismatch"] = _attempt(lambda: ip.refit(llm, b, probe=wrong))
     rec["probe_mismatch_engine"] = _failed_engine(llm)
     right = rec["to_b"]["receipt"]["probe"]
@@ -658,7 +667,7 @@ def test_a_probe_that_disagrees_fails_the_refit_closed(result: Any) -> None:
     eng = result["engine"]
     err = eng["probe_mismatch"]["error"]
     assert err["type"] == "RefitError" and err["step"] == "probe" and err["serving"] is False
-    assert "expected [0, 0, 0, 0]" in err["message"]
+    assert "expected [0, 0]" in err["message"]
     _assert_failed_closed(eng["probe_mismatch_engine"], "probe")
     assert eng["probe_retry"]["receipt"]["probe"]["checked_expected"]
 

@@ -16,6 +16,13 @@ KV-sensitive weights and the harness's workload:
   ``abort`` resize (its stream ends with ``finish_reason="abort"``), the Prometheus info
   gauge ``vllm:cache_config_info`` carries the new size, release/resume round-trips and the
   workload equals the fresh engine's;
+- refits of that ``AsyncLLM`` (weights A, then seeded B, then A): a request in flight
+  finishes first, one arriving during the drain waits and runs on the new weights, a second
+  refit and a resize meanwhile are refused, ``abort`` mode aborts, in-memory tensors reach
+  the engine core's workers as a temporary folder, a refit that fails (a wrong expected
+  digest) fails closed — the request queued meanwhile ends with an error, new ones are
+  refused by the frontend and by the engine core — and a retry back to A at ``B`` blocks
+  equals the fresh stock engine;
 - the oracle is a fresh multiprocess STOCK engine at ``B`` (an in-process one differs in
   the last float digits); its engine core runs with ``VLLM_PLUGINS=initpipe`` (no
   ``initpipe_resize``), and a resize of it is refused with a message naming the entry point.
@@ -250,7 +257,9 @@ def _facts(worker: Any) -> Any:
     return _kv_facts(worker)
 
 
-async def _async(folder: Path, extra: dict[str, Any], hold: Path) -> dict[str, Any]:
+async def _async(
+    folder: Path, extra: dict[str, Any], hold: Path, weights_b: Path
+) -> dict[str, Any]:
     import asyncio
 
     from vllm import SamplingParams
@@ -341,8 +350,156 @@ async def _async(folder: Path, extra: dict[str, Any], hold: Path) -> dict[str, A
         await ip.resume_kv_cache_async(engine)
         rec["outputs"] = await _aworkload(engine, facts)
         rec["info"] = (await ip.kv_cache_info_async(engine)).to_dict()
+        rec["refit"] = await _async_refit(engine, folder, weights_b, hold, facts, started)
     finally:
         engine.shutdown()
+    return rec
+
+
+def _probe_prompt(facts: dict[str, Any]) -> list[int]:
+    from initpipe_vllm.resize.probe import Probe, default_prompts
+
+    (first,) = default_prompts(
+        facts["vocab_size"], facts["block_size"], facts["max_model_len"], Probe().max_tokens
+    )
+    return list(first)
+
+
+async def _async_refit(
+    engine: Any, a: Path, b: Path, hold: Path, facts: dict[str, Any], started: Any
+) -> dict[str, Any]:
+    """Refits of an ``AsyncLLM`` whose engine core runs in its own process: a request in
+    flight finishes first, one that arrives during the drain waits and is served with the new
+    weights, a second refit and a resize meanwhile are refused; ``abort`` mode; in-memory
+    tensors; a refit that fails closed (a request queued meanwhile ends with an error, new
+    ones are refused) and its retry, which must equal the fresh stock engine again."""
+    import asyncio
+
+    from safetensors.torch import load_file
+    from vllm import SamplingParams
+
+    import initpipe_vllm as ip
+    from initpipe_vllm.resize.hold import UNTIL_PAUSE
+    from initpipe_vllm.resize.probe import Probe
+
+    rec: dict[str, Any] = {}
+    short = SamplingParams(
+        max_tokens=Probe().max_tokens,
+        temperature=0.0,
+        ignore_eos=True,
+        detokenize=False,
+        logprobs=0,
+    )
+    prompt = _probe_prompt(facts)
+    under_a = await _agenerate(engine, prompt, short, "probe-prompt-under-a")
+    rec["under_a"] = list(under_a.outputs[0].token_ids)
+
+    async def state() -> str:
+        return str((await ip.weights_info_async(engine)).state)
+
+    async def busy() -> bool:
+        return await state() == "busy"
+
+    async def queued_request(rid: str) -> asyncio.Task[Any]:
+        """A request sent while a refit drains; returned once the engine core has it (a
+        utility call after it on the same socket is answered after it was read)."""
+        task = asyncio.create_task(_agenerate(engine, prompt, short, rid))
+
+        async def registered() -> bool:
+            return any(r.startswith(rid) for r in engine.output_processor.request_states)
+
+        await until_async(f"{rid} registered", registered)
+        return task
+
+    async def attempt(call: Any) -> Any:
+        try:
+            return (await call).to_dict()
+        except Exception as err:
+            return _error(err)
+
+    # wait mode: in flight finishes, arriving waits, a second refit and a resize refused
+    inflight = await started("refit-inflight", 1, "held")
+    first = asyncio.create_task(ip.refit_async(engine, b, mode="wait", version="B"))
+    await until_async("refitting (the refit waiting for the request in flight)", busy)
+    arriving = await queued_request("arrived-during-drain")
+    second = await attempt(ip.refit_async(engine, a))
+    resize = await attempt(ip.resize_kv_cache_async(engine, num_blocks=C))
+    held = [first.done(), inflight.done(), arriving.done()]
+    hold.unlink()
+    receipt = await first
+    done, arrived = await inflight, await arriving
+    rec["wait"] = {
+        "held": held,
+        "second": second,
+        "resize": resize,
+        "receipt": receipt.to_dict(),
+        "inflight_tokens": list(done.outputs[0].token_ids),
+        "arrived_tokens": list(arrived.outputs[0].token_ids),
+        "arrived_finish": arrived.outputs[0].finish_reason,
+        "info": (await ip.weights_info_async(engine)).to_dict(),
+    }
+    # abort mode: the request in flight is aborted
+    inflight = await started("refit-abort", 2, UNTIL_PAUSE)
+    try:
+        aborted = await ip.refit_async(engine, a, mode="abort")
+    finally:
+        hold.unlink()
+    done = await inflight
+    rec["abort"] = {
+        "receipt": aborted.to_dict(),
+        "finish": done.outputs[0].finish_reason if done is not None else None,
+    }
+    # (name, tensor) pairs: written to a temporary folder the engine core's workers load
+    tensors = load_file(str(b / "model.safetensors"))
+    rec["tensors"] = (await ip.refit_async(engine, tensors, version="B-tensors")).to_dict()
+    # fail closed: a wrong expected digest; a request queued meanwhile ends with an error
+    inflight = await started("refit-fail-inflight", 1, "held")
+    failing = asyncio.create_task(ip.refit_async(engine, a, expected_digest="sha256:" + "0" * 64))
+    await until_async("refitting (the failing refit waiting)", busy)
+    queued = await queued_request("queued-during-failing-refit")
+    await attempt(ip.weights_info_async(engine))  # after the add, on the same socket
+    hold.unlink()
+    failed = await attempt(failing)
+    await inflight
+    try:
+        out = await asyncio.wait_for(queued, timeout=120)
+        queued_end: Any = {
+            "finish": out.outputs[0].finish_reason,
+            "tokens": len(out.outputs[0].token_ids),
+        }
+    except Exception as err:
+        queued_end = _error(err)
+    rec["failed"] = {
+        "error": failed,
+        "info": (await ip.weights_info_async(engine)).to_dict(),
+        "queued": queued_end,
+    }
+    try:
+        await _agenerate(engine, prompt, short, "after-failure")
+        rec["failed"]["generate"] = "served"
+    except Exception as err:
+        rec["failed"]["generate"] = {
+            **_error(err),
+            "refit_failed_error": type(err).__name__ == "RefitFailed",
+        }
+    engine._initpipe_state = "serving"  # past the frontend's guard: the core refuses too
+    try:
+        out = await asyncio.wait_for(
+            _agenerate(engine, prompt, short, "past-the-guard"), timeout=120
+        )
+        rec["failed"]["core_refusal"] = {
+            "finish": out.outputs[0].finish_reason,
+            "tokens": len(out.outputs[0].token_ids),
+        }
+    except Exception as err:
+        rec["failed"]["core_refusal"] = _error(err)
+    engine._initpipe_state = "failed"
+    retry = await ip.refit_async(engine, a, num_blocks=B)
+    rec["retry"] = {
+        "receipt": retry.to_dict(),
+        "outputs": await _aworkload(engine, facts),
+        "info": (await ip.weights_info_async(engine)).to_dict(),
+    }
     return rec
 
 
@@ -358,7 +515,10 @@ def main(out: str, weights_dir: str) -> None:
         fresh = _fresh(folder, extra)
         os.environ[ENV_HOLD] = str(hold)  # read by each engine core process at its start
         result = _sync(folder, extra, hold)
-        result["async"] = asyncio.run(_async(folder, extra, hold))
+        from initpipe_vllm.testing.weights import seeded_model
+
+        weights_b = seeded_model(MODEL, weights_dir, seed=1)
+        result["async"] = asyncio.run(_async(folder, extra, hold, weights_b))
         result["fresh_B"] = fresh
     Path(out).write_text(json.dumps(result))
 
@@ -476,6 +636,55 @@ def test_an_engine_core_started_without_the_resize_plugin_refuses_by_name(sync: 
     out = sync["fresh_B"]["no_plugin"]
     assert out["type"] == "ResizeRefusedError"
     assert "initpipe_resize" in out["message"] and "VLLM_PLUGINS" in out["message"]
+
+
+# -- refit, engine core in its own process -------------------------------------------------
+def test_async_refit_drains_serves_the_waiting_request_and_refuses_a_second(asynced: Any) -> None:
+    wait = asynced["refit"]["wait"]
+    assert wait["held"] == [False, False, False]  # held: none answered during the drain
+    for refused in (wait["second"], wait["resize"]):
+        assert refused["type"] in ("RefitRefusedError", "ResizeRefusedError"), refused
+        assert refused["step"] == "state" and "another refit is running" in refused["message"]
+    receipt = wait["receipt"]
+    assert receipt["version"] == "B" and wait["info"]["version"] == "B"
+    # the request in flight finished under the old weights (a fresh stock engine's tokens)
+    assert len(wait["inflight_tokens"]) == LONG
+    # the one that arrived during the drain waited, then ran on the new weights: the same
+    # tokens as the probe (the same prompt, served by the refitted engine) and not A's
+    assert wait["arrived_finish"] == "length"
+    assert any(r.startswith("arrived-during-drain") for r in receipt["requests_waited"])
+    assert wait["arrived_tokens"] == list(receipt["probe"]["tokens"][0])
+    assert wait["arrived_tokens"] != asynced["refit"]["under_a"]
+    assert receipt["probe"]["ok"] and all(h > 0 for h in receipt["probe"]["cached_tokens"])
+
+
+def test_async_refit_abort_mode_aborts_the_request_in_flight(asynced: Any) -> None:
+    abort = asynced["refit"]["abort"]
+    assert abort["finish"] == "abort"
+    assert len(abort["receipt"]["requests_aborted"]) == 1
+
+
+def test_async_refit_from_tensors_crosses_to_the_engine_core_as_a_folder(asynced: Any) -> None:
+    refit = asynced["refit"]
+    tensors = refit["tensors"]
+    assert tensors["weights"]["kind"] == "tensors" and tensors["weights"]["transport"] == "folder"
+    assert tensors["digests"] == refit["wait"]["receipt"]["digests"]  # the same weights, B
+
+
+def test_a_failed_refit_refuses_requests_until_a_refit_succeeds(asynced: Any, sync: Any) -> None:
+    failed = asynced["refit"]["failed"]
+    err = failed["error"]
+    assert err["type"] == "RefitError" and err["step"] == "digest"
+    assert failed["info"]["state"] == "failed" and failed["info"]["failure"]["step"] == "digest"
+    # the request queued during the failing refit's drain ended with an error: no hang
+    assert failed["queued"] == {"finish": "error", "tokens": 0}
+    gen = failed["generate"]
+    assert gen["refit_failed_error"] and "'digest'" in gen["message"]
+    assert failed["core_refusal"] == {"finish": "error", "tokens": 0}
+    retry = asynced["refit"]["retry"]
+    assert retry["info"]["state"] == "serving"
+    assert retry["receipt"]["blocks_before"] == 0 and retry["receipt"]["blocks_after"] == B
+    assert _same(sync["fresh_B"]["outputs"], retry["outputs"]) == []
 
 
 if __name__ == "__main__":
