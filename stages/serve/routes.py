@@ -222,8 +222,9 @@ def _authorize(scope: Scope, state: Any) -> None:
     why = f" ({OPEN_ENV}={opened!r} is not '1')" if opened is not None else ""
     raise Problem(
         HTTPStatus.FORBIDDEN,
-        f"the KV cache routes are closed: this server has no API key{why}. Start it with "
-        "--api-key KEY (or VLLM_API_KEY=KEY) and send 'Authorization: Bearer KEY', or set "
+        f"the initpipe routes (KV cache, weights) are closed: this server has no API key{why}. "
+        "Start it with --api-key KEY (or VLLM_API_KEY=KEY) and send 'Authorization: Bearer "
+        "KEY', or set "
         f"{OPEN_ENV}=1 in the server's environment to open them to anyone who can reach it",
     )
 
