@@ -32,6 +32,23 @@ def _generate(llm: Any) -> None:
     llm.generate([TokensPrompt(prompt_token_ids=list(range(3, 100)))], params, use_tqdm=False)
 
 
+def probe_floor_seconds(llm: Any, prompts: Any, max_tokens: int) -> float:
+    """Seconds to serve the probe's prompts as plain requests, cold (prefix cache reset
+    first) then warm, as the probe does: the model's own compute, without the refit."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False, logprobs=0
+    )
+    batch = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+    llm.reset_prefix_cache()
+    t = time.perf_counter()
+    for _ in range(2):
+        llm.generate(batch, params, use_tqdm=False)
+    return time.perf_counter() - t
+
+
 def read_seconds(folder: Path) -> float:
     """Seconds to read every safetensors file of ``folder`` fully into a fresh tensor."""
     import torch
@@ -86,11 +103,10 @@ def main(argv: list[str]) -> int:
     from vllm import LLM
 
     import initpipe_vllm as ip
-    from initpipe_vllm.testing.equivalence import workload_engine_kwargs
+    from initpipe_vllm.testing.equivalence import engine_kwargs
 
-    kwargs, _ = workload_engine_kwargs(
-        folders[0], load_format="auto", kv_cache_memory_bytes=kv_bytes
-    )
+    # a user's engine: vLLM's own prefill chunk (not the equivalence workload's 64 tokens)
+    kwargs, _ = engine_kwargs(folders[0], load_format="auto", kv_cache_memory_bytes=kv_bytes)
     t = time.perf_counter()
     llm = LLM(**kwargs)
     start_s = time.perf_counter() - t
@@ -103,6 +119,7 @@ def main(argv: list[str]) -> int:
     unprobed: list[dict[str, Any]] = []
     reads: list[float] = []
     memsets: list[float] = []
+    plain: list[float] = []
     at = 1  # the folder the engine serves now
     for _ in range(repeats):
         # alternate A/B: a probed refit, its floor, an unprobed refit, its floor
@@ -110,6 +127,9 @@ def main(argv: list[str]) -> int:
             at = 1 - at
             out.append(ip.refit(llm, folders[at], probe=probe).to_dict())
             _generate(llm)
+            if probe:
+                got = out[-1]["probe"]
+                plain.append(probe_floor_seconds(llm, got["prompts"], len(got["tokens"][0])))
             reads.append(read_seconds(folders[at]))
             memsets.append(memset_seconds(out[-1]["kv_bytes_per_rank"][0]))
     info = ip.weights_info(llm)
@@ -138,6 +158,7 @@ def main(argv: list[str]) -> int:
         "unprobed": unprobed,
         "read_s": reads,
         "memset_s": memsets,
+        "probe_plain_s": plain,
         "floor_s": statistics.median(r + m for r, m in zip(reads, memsets, strict=True)),
         "restart_s": restart_s,
         "refits_done": info.refits,

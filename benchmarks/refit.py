@@ -4,12 +4,13 @@ For each model, a child process (``benchmarks/_refit_child.py``; an in-process e
 mutates its process) builds two seeded weights folders (seed 0 and 1,
 ``initpipe_vllm.testing.weights.seeded_model``), starts an in-process engine with the
 pipelined worker (``INITPIPE_VLLM=1``, ``load_format="auto"``, an explicit
-``kv_cache_memory_bytes``) on the first and:
+``kv_cache_memory_bytes``, vLLM's own prefill chunk) on the first and:
 
 - refits it alternately to the other folder (``initpipe_vllm.refit``), once with the default
   probe and once with ``probe=False`` per repeat, generating between refits; each receipt
   gives the per-step milliseconds (``digest``, the weights digest's own cost, and
-  ``probe``, reported apart);
+  ``probe``, reported apart, beside the probe's prompts served as plain requests: the
+  model's compute the probe cannot avoid);
 - measures each refit's physical floor in the same process: reading every safetensors file
   of the new folder fully into a tensor, plus ``torch.zeros`` of the engine's KV bytes per
   rank;
@@ -156,7 +157,9 @@ def model_rows(res: dict[str, Any]) -> list[Row]:
         extra = (
             f"hashes {hashed[1] / 1e6:.1f} MB per refit"
             if step == "digest"
-            else f"default probe; {step_ms[step] / (medians['refits'] * 1e3):.0%} of the refit"
+            else f"default probe; {step_ms[step] / (medians['refits'] * 1e3):.0%} of the "
+            f"refit; its prompts served as plain requests (cold, then warm) take "
+            f"{mm(res['probe_plain_s'])[1] * 1e3:.1f} ms"
         )
         out.append(
             Row(
