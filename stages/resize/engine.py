@@ -527,11 +527,28 @@ def _live_call(
         except Exception as err:
             sched.set_pause_state(prior)
             out.set_result(done(functools.partial(_raise, refusal("requests", str(err)))))
+            _wake(self)
             return
         out.set_result(done(go))
+        _wake(self)
 
     pending.add_done_callback(paused)
     return out
+
+
+@vllm_uses(
+    "resize",
+    mirrors=("vllm.v1.engine.core:EngineCoreProc._process_input_queue",),
+    calls=("vllm.v1.engine:EngineCoreRequestType",),
+)
+def _wake(core: Any) -> None:
+    """Wake the busy loop. The pause's callback (which ran the transaction) runs among
+    vLLM's idle-state callbacks, right before the loop blocks on its input queue; it checked
+    for work before, when the requests queued meanwhile were paused. Without a message they
+    would wait for the next one (a hang on a quiet server): vLLM's own no-op sentinel."""
+    from vllm.v1.engine import EngineCoreRequestType
+
+    core.input_queue.put_nowait((EngineCoreRequestType.WAKEUP, None))
 
 
 def _resize_method(

@@ -320,6 +320,7 @@ def _fail_closed(live: Refit) -> None:
     except Exception:
         logger.exception("initpipe: refit: the prefix cache could not be reset")
     st.state, st.bytes_per_rank = "failed", ()
+    st.user_pause = live.saved_pause  # what a refit that succeeds gives back
     st.resume_blocks = live.new.num_blocks if live.new is not None else st.resume_blocks
     released_figures(core)
     weights_state(core).digests = ()

@@ -204,6 +204,19 @@ def _bad_folders(a: Path, root: Path) -> dict[str, Path]:
     return out
 
 
+def _flipped(b: Path, root: Path) -> Path:
+    """B with one linear layer's weight negated."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(b / "model.safetensors"))
+    name = "model.layers.0.mlp.down_proj.weight"
+    tensors[name] = -tensors[name]
+    folder = root / "flipped"
+    folder.mkdir()
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder
+
+
 @contextlib.contextmanager
 def _patched(owner: Any, name: str, make: Callable[[Any], Any]) -> Iterator[None]:
     """``owner.name`` replaced by ``make(original)`` inside the block."""
@@ -446,6 +459,10 @@ def _engine_under_test(a: Path, b: Path, extra: dict[str, Any], spy: Any, tmp: P
         target = a if target == b else b
     rec["faults"] = faults
 
+    # one linear weight changed (its sign): the digest must see it, on CPU too (vLLM packs
+    # linear weights into kernel handles there)
+    rec["flipped_digests"] = list(ip.refit(llm, _flipped(b, tmp)).digests)
+
     # the loop: alternating refits, the workload between
     loop = []
     for i in range(LOOP[_runner_version()]):
@@ -553,6 +570,11 @@ def test_no_prefix_cache_block_survives_a_refit(result: Any) -> None:
     assert eng["stale_hashes_before"] > 0  # the cache held blocks before the refit
     assert eng["stale_hashes_after"] == 0
     assert "emptied and checked" in eng["to_b"]["receipt"]["caches"]["prefix_cache"]
+
+
+def test_the_digest_sees_a_change_to_one_linear_weight(result: Any) -> None:
+    flipped = result["engine"]["flipped_digests"]
+    assert flipped and flipped != result["fresh_b"]["digests"]
 
 
 def test_the_stale_cache_control_fails_where_a_refit_passes(result: Any) -> None:

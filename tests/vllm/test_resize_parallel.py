@@ -14,7 +14,10 @@ TP=2, the harness's workload:
 - ``kv_cache_memory_bytes`` is per worker: asking for one rank's bytes at ``B`` gives ``B``
   blocks, and the report sums the ranks' bytes;
 - release -> resume equals the oracle; a grow back to ``A`` equals a fresh stock TP=2
-  engine started at ``A``.
+  engine started at ``A``;
+- a weight refit to other seeded weights (B) changes every rank's digest and the outputs;
+  a refit back to A gives each rank the digest it had at start, and the outputs, both
+  ranks' snapshots and the scheduler's equal the fresh stock engine at ``A`` again.
 
 It runs once per runner: v1, and Model Runner V2 on Triton's interpreter (the stock
 engines then run MRv2 too). With MRv2 the engine core runs in its own process (vLLM's
@@ -122,7 +125,11 @@ def main(out: str, weights_dir: str) -> None:
             del fresh
 
         llm = _engine(folder, extra, A, pipelined=True)
+        from initpipe_vllm.resize.weights import rank_digest
         from initpipe_vllm.testing.equivalence import run_workload
+        from initpipe_vllm.testing.weights import seeded_model
+
+        rec["start_digests"] = [a["digest"] for a in llm.collective_rpc(rank_digest)]
 
         run_workload(llm, "generate", salt=1)  # fill the prefix cache
         rec["shrink"] = {"report": ip.resize_kv_cache(llm, num_blocks=B).to_dict(), **_state(llm)}
@@ -142,6 +149,12 @@ def main(out: str, weights_dir: str) -> None:
         ip.release_kv_cache(llm)
         rec["resumed"] = {"report": ip.resume_kv_cache(llm).to_dict(), **_state(llm)}
         rec["grow"] = {"report": ip.resize_kv_cache(llm, num_blocks=A).to_dict(), **_state(llm)}
+        # refit to other weights (B), then back to A: every rank loads its shard, and each
+        # rank's digest comes back to the one it had at start
+        to_b = ip.refit(llm, seeded_model(MODEL, weights_dir, seed=1))
+        rec["refit_b"] = {"receipt": to_b.to_dict(), **_state(llm)}
+        back = ip.refit(llm, folder)
+        rec["refit_a"] = {"receipt": back.to_dict(), **_state(llm)}
         llm.llm_engine.engine_core.shutdown()
     Path(out).write_text(json.dumps(rec, default=repr))
 
@@ -218,6 +231,24 @@ def test_release_and_resume_across_ranks(rec: Any) -> None:
     resumed = rec["resumed"]
     assert (resumed["report"]["blocks_before"], resumed["report"]["blocks_after"]) == (0, B)
     _equals_fresh(rec, resumed)
+
+
+def test_a_refit_reaches_every_rank_and_back_equals_a_fresh_engine(rec: Any) -> None:
+    start, to_b, back = rec["start_digests"], rec["refit_b"], rec["refit_a"]
+    assert len(start) == TP and len(set(start)) == TP  # each rank holds its own shard
+    b_digests = to_b["receipt"]["digests"]
+    assert len(b_digests) == TP and all(d != s for d, s in zip(b_digests, start, strict=True))
+    assert to_b["outputs"] != rec[f"fresh_{A}"]["outputs"]
+    assert back["receipt"]["digests"] == start
+    fresh = rec[f"fresh_{A}"]
+    assert back["outputs"] == fresh["outputs"]
+    # the probe's KV data stays in free blocks (as any served request's): blocks aside
+    assert _without_blocks(back["ranks"]) == _without_blocks(fresh["ranks"])
+    assert back["scheduler"] == fresh["scheduler"]
+
+
+def _without_blocks(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k != "nonzero_blocks"} for r in ranks]
 
 
 if __name__ == "__main__":
