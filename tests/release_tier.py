@@ -50,6 +50,21 @@ RELEASE_PROOFS = (
     ),
     "tests/vllm/test_resize_parallel.py::test_the_oracles_are_stock_vllm_on_every_rank[v1]",
     "tests/vllm/test_resize_parallel.py::test_every_rank_resizes_to_a_fresh_engine_of_the_new_size[v1]",
+    # weight refit == a fresh stock engine started with the new weights, both runners
+    # in-process (MRv2 on Triton's interpreter); a fault at a step fails closed and a retry
+    # succeeds; TP=2: every rank's digest
+    *(
+        f"tests/vllm/test_refit.py::{test}[{runner}"
+        for runner in ("v1", "v2")
+        for test in (
+            "test_the_oracles_are_stock_vllm_and_the_engine_is_pipelined",
+            "test_a_refitted_engine_is_a_fresh_engine_started_with_the_new_weights",
+            "test_no_prefix_cache_block_survives_a_refit",
+            "test_the_digest_sees_a_change_to_one_linear_weight",
+            "test_a_fault_at_any_step_fails_closed_and_a_retry_succeeds",
+        )
+    ),
+    "tests/vllm/test_resize_parallel.py::test_a_refit_reaches_every_rank_and_back_equals_a_fresh_engine[v1]",
     "tests/vllm_plan/test_vllm_plan.py",
     "tests/vllm/test_resize_units.py",  # the scheduler rebuilt == a fresh one; the builder
     "tests/contract/test_compat.py",  # the planning calls bound once, per release
