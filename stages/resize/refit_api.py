@@ -189,8 +189,9 @@ def refit(
             that format (passed as they are where the workers share this process; else
             written once to a temporary safetensors folder, under ``/dev/shm`` when it
             exists, and removed afterwards).
-        num_blocks / kv_cache_memory_bytes: the KV size afterwards (at most one; default:
-            the size before, or the size before a release).
+        num_blocks: the KV blocks afterwards (default: the size before, or the size
+            before a release).
+        kv_cache_memory_bytes: the KV size per rank afterwards, instead of ``num_blocks``.
         mode: ``"wait"`` or ``"abort"`` (requests in flight).
         expected_digest: the digest the loaded weights must have (``"sha256:..."``, or one
             per rank: a previous receipt's ``digests``); else the refit fails.
