@@ -35,13 +35,17 @@ SLOW_FIRST = (
     "tests/vllm/test_resize_parallel.py",  # 190 s (v1 and MRv2)
     "tests/benchmarks/test_vllm_smoke.py",  # 170 s
     "tests/vllm/test_runner.py",  # 158 s
+    "tests/vllm/test_refit.py",  # 140 s (v1 and MRv2, in-process)
     "tests/vllm/test_resize.py",  # 120 s (v1 and MRv2)
     "tests/vllm/test_resize_multiprocess.py",  # 106 s
     "tests/startup/test_startup_engines.py",  # 110 s (four starts: in-process x2, TP=2, serve)
+    "tests/vllm/test_serve_refit.py",  # 65 s (two servers)
     "tests/vllm/test_kv_sensitivity.py",  # 93 s (six cache kinds, one MRv2 process)
     "tests/vllm/test_stage_spans.py",  # 50 s (two traced engines)
     "tests/vllm/test_mrv2_engineless.py",  # 80 s
     "tests/vllm/test_equivalence_negative.py",  # 60 s (four tiny-llama engines, one process)
+    "tests/benchmarks/test_refit_smoke.py",  # 40 s
+    "tests/test_refit_docs.py",  # 26 s (the refit page's example)
     "tests/reliability/test_fault_injection.py",  # 60 s (tiny-llama and tiny-nemotron-h rigs)
     "tests/vllm/test_kv_phase.py",  # 59 s
     "tests/plugin/test_pytest_plugin.py",  # 52 s
