@@ -292,6 +292,7 @@ def _drop_probe_blocks(live: Refit) -> None:
 # -- fail closed and commit -----------------------------------------------------------------
 @vllm_uses(
     "refit",
+    mirrors=("vllm.v1.core.sched.scheduler:Scheduler._free_request",),  # finished_req_ids
     calls=(
         "vllm.v1.engine.core:EngineCoreProc._send_error_outputs_to_client",
         "vllm.v1.engine.core:EngineCore.abort_requests",
@@ -312,6 +313,9 @@ def _fail_closed(live: Refit) -> None:
         for r in queued:
             by_client.setdefault(r.client_index, []).append(r.request_id)
         core.abort_requests([r.request_id for r in queued])
+        # they never reached a worker, and a runner with no KV cache cannot take the step
+        # that would tell it they finished
+        sched.finished_req_ids.difference_update(r.request_id for r in queued)
         if send is not None:
             for client, ids in by_client.items():
                 send(ids, client)
