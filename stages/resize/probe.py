@@ -207,11 +207,16 @@ def _serve(
             data_parallel_rank=None,
         )
         req, wave = core.preprocess_add_request(request)
-        core.add_request(req, wave)
+        # the class's method: while a refit retries after a failure, the instance's own
+        # add_request refuses requests (the engine serves nothing until the refit succeeds)
+        type(core).add_request(core, req, wave)
     try:
         for _ in range(_MAX_STEPS):
             if all(g["done"] for g in got.values()):
                 break
+            lost = [r for r, g in got.items() if not g["done"] and r not in core.scheduler.requests]
+            if lost:
+                raise RuntimeError(f"the probe's requests {lost} left the scheduler unfinished")
             outputs, executed = core.step_fn()
             post_step = getattr(core, "post_step", None)
             if post_step is not None:
