@@ -120,6 +120,7 @@ def main(argv: list[str]) -> int:
     reads: list[float] = []
     memsets: list[float] = []
     plain: list[float] = []
+    stock_reloads: list[float] = []
     at = 1  # the folder the engine serves now
     for _ in range(repeats):
         # alternate A/B: a probed refit, its floor, an unprobed refit, its floor
@@ -132,6 +133,14 @@ def main(argv: list[str]) -> int:
                 plain.append(probe_floor_seconds(llm, got["prompts"], len(got["tokens"][0])))
             reads.append(read_seconds(folders[at]))
             memsets.append(memset_seconds(out[-1]["kv_bytes_per_rank"][0]))
+        # vLLM's own parts, called by hand as a user without initpipe would: reload_weights
+        # (what the refit's load step calls) and reset_prefix_cache
+        at = 1 - at
+        t = time.perf_counter()
+        llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folders[at])})
+        llm.reset_prefix_cache()
+        stock_reloads.append(time.perf_counter() - t)
+        _generate(llm)
     info = ip.weights_info(llm)
 
     # a restart, as users without sleep mode do: drop the engine, start a fresh one on the
@@ -161,6 +170,7 @@ def main(argv: list[str]) -> int:
         "probe_plain_s": plain,
         "floor_s": statistics.median(r + m for r, m in zip(reads, memsets, strict=True)),
         "restart_s": restart_s,
+        "stock_reload_s": stock_reloads,
         "refits_done": info.refits,
     }
     print(MARK + json.dumps(result), flush=True)

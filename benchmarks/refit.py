@@ -149,6 +149,18 @@ def model_rows(res: dict[str, Any]) -> list[Row]:
             detail=floor_text + f"; {len(res['read_s'])} samples, same process",
         )
     )
+    reload_s = mm(res["stock_reload_s"])[1]
+    out.append(
+        Row(
+            bench="refit",
+            name=f"{label} vLLM's reload_weights + reset_prefix_cache by hand (median)",
+            value=round(reload_s * 1e3, 2),
+            unit="ms",
+            detail=f"{reload_s / floor_s:.2f}x the floor; the refit (probe=False) costs "
+            f"{medians['unprobed'] / reload_s:.2f}x it: its KV release and re-allocation, "
+            f"digest, checks and receipt; {len(res['stock_reload_s'])} samples, same process",
+        )
+    )
     step_ms = _step_medians(res["refits"])
     hashed = mm(
         [next(s["bytes"] for s in r["steps"] if s["name"] == "digest") for r in res["refits"]]

@@ -8,7 +8,8 @@ or zentorch: ``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)``) and l
 empty parameter behind; the packed copy is opaque (a oneDNN handle). A digest of the
 model's parameters would then skip every linear layer. So while a load runs, each such
 weight's bytes are hashed just before vLLM packs them, and the digest reads the record.
-Nothing else changes: the record is taken, then vLLM's own function runs as it would.
+Nothing else changes: the hash is queued on a small thread pool (it overlaps the rest of
+the load; the digest waits for it), then vLLM's own function runs as it would.
 Elsewhere than CPU nothing is packed away and the context does nothing.
 
 Importing this module imports neither torch nor vLLM.
@@ -18,17 +19,21 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import threading
 import weakref
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ..contract.declare import vllm_uses
 
 __all__ = ["packed_weight_hash", "recording_packed_weights", "tensor_hash"]
 
-#: layer -> the hash of the weight vLLM packed away (dtype, shape and bytes)
-_PACKED: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+#: layer -> the hash of the weight vLLM packed away (dtype, shape and bytes), computed on a
+#: thread pool while the load goes on (``hashlib`` releases the GIL)
+_PACKED: weakref.WeakKeyDictionary[Any, Future[str]] = weakref.WeakKeyDictionary()
+_POOL: ThreadPoolExecutor | None = None
 _LOCK = threading.Lock()
 _DEPTH = 0
 
@@ -44,8 +49,17 @@ def tensor_hash(t: Any) -> str:
 
 
 def packed_weight_hash(layer: Any) -> str | None:
-    """What :func:`recording_packed_weights` recorded for ``layer`` (None: nothing)."""
-    return _PACKED.get(layer)
+    """What :func:`recording_packed_weights` recorded for ``layer`` (None: nothing); waits
+    for the hash if it is still being computed."""
+    found = _PACKED.get(layer)
+    return None if found is None else found.result()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1))
+    return _POOL
 
 
 @vllm_uses(
@@ -72,7 +86,8 @@ def recording_packed_weights() -> Iterator[None]:
             def recording(layer: Any, remove_weight: bool) -> None:
                 weight = getattr(layer, "weight", None)
                 if remove_weight and weight is not None and not weight.is_meta:
-                    _PACKED[layer] = tensor_hash(weight)
+                    # the pool holds the tensor until it is hashed; vLLM drops it meanwhile
+                    _PACKED[layer] = _pool().submit(tensor_hash, weight.detach())
                 original(layer, remove_weight)
 
             recording.__wrapped__ = original  # type: ignore[attr-defined]
