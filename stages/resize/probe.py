@@ -108,7 +108,8 @@ class ProbeResult:
     """What the probe served.
 
     Attributes:
-        ran: False when the probe was disabled (then nothing else is set).
+        ran: False when the probe did not run (``problems`` says why: disabled, or a
+            pooling model, which generates no tokens); nothing else is set then.
         ok: cold and warm agreed, and matched the expected outputs where given.
         prompts: the prompts served.
         tokens / logprobs: each prompt's generated tokens and their logprobs (cold run).

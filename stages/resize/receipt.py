@@ -106,7 +106,7 @@ class RefitReceipt:
                 f"{p.max_logprob_diff:.2g}" + (", as expected" if p.checked_expected else "")
             )
         else:
-            lines.append("  probe: not run (disabled)")
+            lines.append(f"  probe: {'; '.join(p.problems) or 'not run'}")
         return "\n".join(lines)
 
 

@@ -258,7 +258,12 @@ def _caches(live: Refit) -> None:
 def _probe(live: Refit) -> None:
     core, probe = live.core, live.probe
     if not probe.enabled:
-        live.probe_result = probes.ProbeResult(ran=False, ok=True)
+        live.probe_result = probes.ProbeResult(ran=False, ok=True, problems=("disabled",))
+        return
+    runner_type = getattr(core.vllm_config.model_config, "runner_type", "generate")
+    if runner_type != "generate":  # the probe generates tokens
+        why = f"not run: a {runner_type} model (it generates no tokens)"
+        live.probe_result = probes.ProbeResult(ran=False, ok=True, problems=(why,))
         return
     prompts = probe.prompts
     if prompts is None:
