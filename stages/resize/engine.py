@@ -53,7 +53,7 @@ from ..hook import PIPELINED_WORKER
 from . import rank as ranks
 from .hold import ENV_HOLD, install_from_env
 from .records import RankFailure, RankRecord, RankStatus
-from .replay import Plan, plan, plan_or_explain, refuse
+from .replay import Plan, memory_shortfall, plan, plan_or_explain, refuse
 from .report import KVCacheInfo, RankReport, ResizeReport
 from .steps import TRANSACTIONS, Clock, Live, RankStepFailed, engine_state
 from .txn import TransactionFailed, drive
@@ -274,14 +274,9 @@ def prepare(
         new = plan_or_explain(
             core, num_blocks=num_blocks, kv_cache_memory_bytes=kv_cache_memory_bytes
         )
-        for status, need in zip(statuses, new.bytes_per_rank(), strict=True):
-            room = status.available_memory
-            if room is not None and need - status.kv_bytes > room:
-                raise refuse(
-                    "memory",
-                    f"rank {status.rank} needs {need:,} bytes for {new.num_blocks} blocks; "
-                    f"{status.kv_bytes:,} are freed first and {room:,} are available",
-                )
+        short = memory_shortfall(statuses, new)
+        if short is not None:
+            raise refuse("memory", short)
     return _Prepared(statuses, before, old, new, num_blocks, time.perf_counter() - start)
 
 

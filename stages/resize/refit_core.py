@@ -458,7 +458,7 @@ def prepare(
     before = int(core.scheduler.kv_cache_config.num_blocks) if st.state == "serving" else 0
     if num_blocks is None and kv_cache_memory_bytes is None:
         num_blocks = before or st.resume_blocks
-    from .replay import plan, plan_or_explain
+    from .replay import memory_shortfall, plan, plan_or_explain
 
     try:
         old = plan(core, num_blocks=before) if before else None
@@ -467,14 +467,9 @@ def prepare(
         )
     except ResizeError as err:
         raise refused(err.step, err.reason) from None
-    for status, need in zip(statuses, new.bytes_per_rank(), strict=True):
-        room = status.available_memory
-        if room is not None and need - status.kv_bytes > room:
-            raise refused(
-                "memory",
-                f"rank {status.rank} needs {need:,} bytes for {new.num_blocks} blocks; "
-                f"{status.kv_bytes:,} are freed first and {room:,} are available",
-            )
+    short = memory_shortfall(statuses, new)
+    if short is not None:
+        raise refused("memory", short)
     return Prepared(
         statuses=statuses,
         before=before,

@@ -51,6 +51,19 @@ class Plan:
         return tuple(sum(int(t.size) for t in c.kv_cache_tensors) for c in self.worker_configs)
 
 
+def memory_shortfall(statuses: Any, new: Plan) -> str | None:
+    """Why ``new`` does not fit a rank (its bytes, less what its current cache frees, over
+    its available memory), or None when it fits every rank."""
+    for status, need in zip(statuses, new.bytes_per_rank(), strict=True):
+        room = status.available_memory
+        if room is not None and need - status.kv_bytes > room:
+            return (
+                f"rank {status.rank} needs {need:,} bytes for {new.num_blocks} blocks; "
+                f"{status.kv_bytes:,} are freed first and {room:,} are available"
+            )
+    return None
+
+
 @vllm_uses(
     "resize",
     mirrors=("vllm.v1.engine.core:EngineCore._initialize_kv_caches",),
