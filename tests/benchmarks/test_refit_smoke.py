@@ -28,6 +28,7 @@ FIGURES = {
     "floor: read the weights + KV memset (median)": "ms",
     "refit step digest (median)": "ms",
     "refit step probe (median)": "ms",
+    "vLLM's reload_weights + reset_prefix_cache by hand (median)": "ms",
     "engine restart (median)": "ms",
     "engine restart / refit (median)": "x",
 }
