@@ -31,6 +31,7 @@ from . import rank as ranks
 from .receipt import RefitReceipt, RefitStep, WeightsInfo
 from .records import RankFailure, RankStatus, RankTeardown, answered
 from .replay import Plan, rebuild_scheduler_kv
+from .report import RankReport
 from .steps import (
     KV_PHASE,
     PAUSE,
@@ -547,7 +548,7 @@ def refit(
         saved_pause=st.user_pause if st.state != "serving" else prior_pause,
         paused_all=PauseState.PAUSED_ALL,
         unpaused=PauseState.UNPAUSED,
-        ranks={s.rank: _rank_report(s.rank) for s in p.statuses},
+        ranks={s.rank: RankReport(rank=s.rank) for s in p.statuses},
         source=source,
         expected_digest=expected_digest,
         probe=probe,
@@ -555,8 +556,6 @@ def refit(
         stale=p.stale,
         weights_bytes=p.weights_bytes,
     )
-    if p.before == 0 and st.state == "serving":  # pragma: no cover -- prepare guarantees
-        raise refused("state", "the engine serves with no KV cache")
     txn = REFIT if p.before else REFIT_RELEASED
     try:
         drive(txn, live)
@@ -619,12 +618,6 @@ def refit(
     ws.schema, ws.schema_from = p.schema, p.schema_from
     logger.info("initpipe: %s", receipt)
     return receipt
-
-
-def _rank_report(rank: int) -> Any:
-    from .report import RankReport
-
-    return RankReport(rank=rank)
 
 
 def failed_message(core: Any) -> str | None:
