@@ -354,19 +354,33 @@ def resume_kv_cache(
     return _call(llm, "resume", num_blocks=num_blocks, kv_cache_memory_bytes=kv_cache_memory_bytes)
 
 
-def kv_cache_info(llm: Any) -> KVCacheInfo:
-    """The engine's KV cache now: state, blocks, free blocks, bytes per rank, last report."""
-    engine = _engine(llm)
+def query(engine: Any, method: str) -> Any:
+    """The plain answer of the engine core's no-argument utility ``method`` (in this
+    process, or through the engine client), a missing plugin named as such."""
     core = _inproc_core(engine)
     if core is not None:
         install()
-        return KVCacheInfo.from_dict(getattr(core, INFO_METHOD)())
+        return getattr(core, method)()
     try:
-        return KVCacheInfo.from_dict(_client(engine, is_async=False).call_utility(INFO_METHOD))
+        return _client(engine, is_async=False).call_utility(method)
     except ResizeRefusedError:
         raise
     except Exception as err:
         raise (_plugin_missing(err) or err) from err
+
+
+async def query_async(engine: Any, method: str) -> Any:
+    """:func:`query` through an ``AsyncLLM``'s engine client."""
+    client = _client(engine, is_async=True)
+    try:
+        return await client.call_utility_async(method)
+    except Exception as err:
+        raise (_plugin_missing(err) or err) from err
+
+
+def kv_cache_info(llm: Any) -> KVCacheInfo:
+    """The engine's KV cache now: state, blocks, free blocks, bytes per rank, last report."""
+    return KVCacheInfo.from_dict(query(_engine(llm), INFO_METHOD))
 
 
 # -- AsyncLLM -------------------------------------------------------------------------------
@@ -405,8 +419,4 @@ async def resume_kv_cache_async(
 
 async def kv_cache_info_async(llm: Any) -> KVCacheInfo:
     """:func:`kv_cache_info` for an ``AsyncLLM``."""
-    client = _client(_engine(llm), is_async=True)
-    try:
-        return KVCacheInfo.from_dict(await client.call_utility_async(INFO_METHOD))
-    except Exception as err:
-        raise (_plugin_missing(err) or err) from err
+    return KVCacheInfo.from_dict(await query_async(_engine(llm), INFO_METHOD))

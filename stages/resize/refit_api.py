@@ -27,6 +27,8 @@ from .api import (
     _plugin_missing,
     _refresh_metrics_info,
     apply_state,
+    query,
+    query_async,
 )
 from .engine import REFIT_METHOD, WEIGHTS_METHOD, install, refit_error_from_dict
 from .probe import Probe
@@ -306,21 +308,9 @@ async def refit_async(
 
 def weights_info(llm: Any) -> WeightsInfo:
     """The engine's weights now: state, version, digests, refits and failures."""
-    engine = _engine_or_refuse(llm)
-    core = _inproc_core(engine)
-    if core is not None:
-        install()
-        return WeightsInfo.from_dict(getattr(core, WEIGHTS_METHOD)())
-    try:
-        return WeightsInfo.from_dict(_client(engine, is_async=False).call_utility(WEIGHTS_METHOD))
-    except Exception as err:
-        raise (_plugin_missing(err) or err) from err
+    return WeightsInfo.from_dict(query(_engine_or_refuse(llm), WEIGHTS_METHOD))
 
 
 async def weights_info_async(llm: Any) -> WeightsInfo:
     """:func:`weights_info` for an ``AsyncLLM``."""
-    client = _client(_engine_or_refuse(llm), is_async=True)
-    try:
-        return WeightsInfo.from_dict(await client.call_utility_async(WEIGHTS_METHOD))
-    except Exception as err:
-        raise (_plugin_missing(err) or err) from err
+    return WeightsInfo.from_dict(await query_async(_engine_or_refuse(llm), WEIGHTS_METHOD))
