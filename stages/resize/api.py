@@ -39,6 +39,9 @@ __all__ = [
 ]
 
 MODES = ("wait", "abort")
+#: ``resize_kv_cache``'s default: keep the prefix cache (the copy costs the kept bytes at
+#: memory bandwidth; dropping it costs every cached prefix's prefill again)
+KEEP_PREFIX_CACHE = True
 
 
 def _check_size(num_blocks: Any, kv_cache_memory_bytes: Any, *, required: bool) -> None:
@@ -61,6 +64,15 @@ def _check_size(num_blocks: Any, kv_cache_memory_bytes: Any, *, required: bool) 
         value = num_blocks if name == "num_blocks" else kv_cache_memory_bytes
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ResizeRefusedError(f"{name}={value!r}: expected a positive int", step="arguments")
+
+
+def _check_keep(keep: Any) -> None:
+    if not isinstance(keep, bool):
+        raise ResizeRefusedError(
+            f"keep_prefix_cache={keep!r}: expected True (carry the cached prefixes into the new "
+            "cache) or False (empty the prefix cache)",
+            step="arguments",
+        )
 
 
 def _check_mode(mode: Any) -> None:
@@ -259,6 +271,7 @@ def _call(
     num_blocks: int | None = None,
     kv_cache_memory_bytes: int | None = None,
     mode: str = "wait",
+    keep_prefix_cache: bool = False,
 ) -> ResizeReport:
     engine = _engine(llm)
     args = (action, num_blocks, kv_cache_memory_bytes, mode)
@@ -267,7 +280,7 @@ def _call(
         client = _client(engine, is_async=False)
         _guard(engine)
         try:
-            answer = client.call_utility(RESIZE_METHOD, *args, [])
+            answer = client.call_utility(RESIZE_METHOD, *args, [], keep_prefix_cache)
         except Exception as err:
             raise (_plugin_missing(err) or err) from err
         return _finish(engine, answer)
@@ -278,7 +291,7 @@ def _call(
         aborted = sorted(engine.output_processor.request_states)
         if aborted:
             engine.abort_request(aborted, internal=True)
-    return _finish(engine, getattr(core, RESIZE_METHOD)(*args, aborted))
+    return _finish(engine, getattr(core, RESIZE_METHOD)(*args, aborted, keep_prefix_cache))
 
 
 async def _call_async(
@@ -288,13 +301,14 @@ async def _call_async(
     num_blocks: int | None = None,
     kv_cache_memory_bytes: int | None = None,
     mode: str = "wait",
+    keep_prefix_cache: bool = False,
 ) -> ResizeReport:
     engine = _engine(llm)
     client = _client(engine, is_async=True)
     _guard(engine)
     try:
         answer = await client.call_utility_async(
-            RESIZE_METHOD, action, num_blocks, kv_cache_memory_bytes, mode, []
+            RESIZE_METHOD, action, num_blocks, kv_cache_memory_bytes, mode, [], keep_prefix_cache
         )
     except Exception as err:
         raise (_plugin_missing(err) or err) from err
@@ -307,13 +321,17 @@ def resize_kv_cache(
     num_blocks: int | None = None,
     kv_cache_memory_bytes: int | None = None,
     mode: str = "wait",
+    keep_prefix_cache: bool = KEEP_PREFIX_CACHE,
 ) -> ResizeReport:
     """Resize a running engine's KV cache to ``num_blocks`` blocks or
     ``kv_cache_memory_bytes`` bytes per rank (exactly one).
 
-    Afterwards the engine is what a fresh engine started with ``num_gpu_blocks_override``
-    (or ``kv_cache_memory_bytes``) of that size would be: the prefix cache is empty, the
-    scheduler's block pool and every capacity figure follow the new size.
+    Afterwards the scheduler's block pool and every capacity figure follow the new size.
+    With ``keep_prefix_cache`` (the default) every cached prefix still hits after a grow,
+    and the most recently used ones that fit after a shrink: the engine is what an engine
+    of the new size that served the same requests would be. Without it the prefix cache is
+    empty: the engine is what a fresh engine started with ``num_gpu_blocks_override`` (or
+    ``kv_cache_memory_bytes``) of that size would be.
 
     Args:
         llm: a vLLM ``LLM`` or ``LLMEngine`` using initpipe's pipelined worker.
@@ -324,6 +342,10 @@ def resize_kv_cache(
             (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) a synchronous ``LLM`` cannot drain while
             this runs, so a request holding KV blocks makes it refuse. ``"abort"``: every
             request in flight is aborted first (the report's ``requests_aborted``).
+        keep_prefix_cache: carry the cached blocks into the new cache (their bytes and
+            vLLM's block pool state). Where it cannot (memory for the kept blocks, prefix
+            caching off, blocks computed under another weights version), the cache is
+            emptied and the report's ``prefix_cache.reason`` says why.
 
     Raises:
         ResizeRefusedError: bad arguments, a config resize cannot follow, a size that cannot
@@ -334,8 +356,14 @@ def resize_kv_cache(
     """
     _check_size(num_blocks, kv_cache_memory_bytes, required=True)
     _check_mode(mode)
+    _check_keep(keep_prefix_cache)
     return _call(
-        llm, "resize", num_blocks=num_blocks, kv_cache_memory_bytes=kv_cache_memory_bytes, mode=mode
+        llm,
+        "resize",
+        num_blocks=num_blocks,
+        kv_cache_memory_bytes=kv_cache_memory_bytes,
+        mode=mode,
+        keep_prefix_cache=keep_prefix_cache,
     )
 
 
@@ -390,14 +418,21 @@ async def resize_kv_cache_async(
     num_blocks: int | None = None,
     kv_cache_memory_bytes: int | None = None,
     mode: str = "wait",
+    keep_prefix_cache: bool = KEEP_PREFIX_CACHE,
 ) -> ResizeReport:
     """:func:`resize_kv_cache` for an ``AsyncLLM``. ``mode="wait"`` lets requests in flight
     finish (vLLM's ``pause_scheduler``) while new ones queue, then runs them on the new
     cache; ``mode="abort"`` aborts them (their streams end with ``finish_reason="abort"``)."""
     _check_size(num_blocks, kv_cache_memory_bytes, required=True)
     _check_mode(mode)
+    _check_keep(keep_prefix_cache)
     return await _call_async(
-        llm, "resize", num_blocks=num_blocks, kv_cache_memory_bytes=kv_cache_memory_bytes, mode=mode
+        llm,
+        "resize",
+        num_blocks=num_blocks,
+        kv_cache_memory_bytes=kv_cache_memory_bytes,
+        mode=mode,
+        keep_prefix_cache=keep_prefix_cache,
     )
 
 

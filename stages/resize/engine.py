@@ -54,8 +54,16 @@ from . import rank as ranks
 from .hold import ENV_HOLD, install_from_env
 from .records import RankFailure, RankRecord, RankStatus
 from .replay import Plan, memory_shortfall, plan, plan_or_explain, refuse
-from .report import KVCacheInfo, RankReport, ResizeReport
-from .steps import TRANSACTIONS, Clock, Live, RankStepFailed, engine_state
+from .report import KVCacheInfo, PrefixCacheCarry, RankReport, ResizeReport
+from .steps import (
+    TRANSACTIONS,
+    WARM_RESIZE,
+    Clock,
+    Live,
+    RankStepFailed,
+    engine_state,
+    weights_version,
+)
 from .txn import TransactionFailed, drive
 
 __all__ = [
@@ -233,6 +241,25 @@ class _Prepared:
     new: Plan | None
     num_blocks: int | None
     seconds: float
+    keep: bool = False
+    keep_refused: str | None = None
+
+
+def _keep_refusal(core: Any, new: Plan) -> str | None:
+    """Why this engine's prefix cache cannot be kept across a resize, known before the
+    pause; None when it can be tried."""
+    cache = core.vllm_config.cache_config
+    if not cache.enable_prefix_caching:
+        return "prefix caching is off (enable_prefix_caching=False): nothing is cached"
+    if any(t.host_resident for t in new.scheduler_config.kv_cache_tensors):
+        return "a host-resident (HiSparse) KV cache pool is not carried"
+    now, computed = weights_version(core), engine_state(core).cache_weights
+    if now != computed:
+        return (
+            f"the cached blocks were computed under weights version {computed!r}; the engine "
+            f"now runs {now!r} (set without a refit): they would be stale"
+        )
+    return None
 
 
 def prepare(
@@ -241,6 +268,7 @@ def prepare(
     *,
     num_blocks: int | None = None,
     kv_cache_memory_bytes: int | None = None,
+    keep_prefix_cache: bool = False,
 ) -> _Prepared:
     """Every check and the plans, with no side effect (the refusals happen here).
 
@@ -277,7 +305,11 @@ def prepare(
         short = memory_shortfall(statuses, new)
         if short is not None:
             raise refuse("memory", short)
-    return _Prepared(statuses, before, old, new, num_blocks, time.perf_counter() - start)
+    keep = action == "resize" and keep_prefix_cache
+    refused = _keep_refusal(core, new) if keep and new is not None else None
+    return _Prepared(
+        statuses, before, old, new, num_blocks, time.perf_counter() - start, keep, refused
+    )
 
 
 @vllm_uses(
@@ -335,9 +367,14 @@ def resize(
         saved_pause=st.user_pause if st.state == "released" else prior_pause,
         paused_all=PauseState.PAUSED_ALL,
         ranks={s.rank: RankReport(rank=s.rank) for s in p.statuses},
+        keep=p.keep,
+        keep_refused=p.keep_refused,
     )
+    txn = WARM_RESIZE if p.keep else TRANSACTIONS[action]
+    if action == "resize" and not p.keep:
+        live.prefix_cache = PrefixCacheCarry(kept=False, reason="keep_prefix_cache=False")
     try:
-        drive(TRANSACTIONS[action], live)  # a refusal of its pause propagates as it is
+        drive(txn, live)  # a refusal of its pause propagates as it is
     except TransactionFailed as failed:
         err = _failed(_failure_of(failed), rolled_back=failed.rolled_back_cleanly, action=action)
         raise err from failed.cause
@@ -354,6 +391,7 @@ def resize(
         ranks=ranks_out,
         requests_waited=live.waited,
         requests_aborted=aborted,
+        prefix_cache=live.prefix_cache,
     )
     st.last_report = report
     logger.info("initpipe: %s", report)
@@ -553,6 +591,7 @@ def _resize_method(
     kv_cache_memory_bytes: int | None = None,
     mode: str = "wait",
     aborted: list[str] | None = None,
+    keep_prefix_cache: bool = False,
 ) -> dict[str, Any] | Future[dict[str, Any]]:
     """The resize utility method (resize, release, resume) on :func:`_live_call`."""
     kwargs: dict[str, Any] = {
@@ -582,7 +621,9 @@ def _resize_method(
         action,
         mode=mode,
         pause_first=action != "resume",
-        prepare=functools.partial(prepare, self, action, **kwargs),
+        prepare=functools.partial(
+            prepare, self, action, keep_prefix_cache=keep_prefix_cache, **kwargs
+        ),
         run=run,
         answer=functools.partial(_answer, self),
         refusal=refuse,

@@ -21,8 +21,10 @@ __all__ = [
     "RankRecord",
     "RankRecordError",
     "RankRequests",
+    "RankStash",
     "RankStatus",
     "RankTeardown",
+    "RankUnstash",
     "RankWarmUp",
     "answered",
 ]
@@ -148,3 +150,23 @@ class RankWarmUp(RankRecord):
 
     seconds: float
     rss_after: int | None
+
+
+@attrs.frozen(kw_only=True)
+class RankStash(RankRecord):
+    """A rank set its cached blocks' bytes aside (``rank_stash``), or refused to.
+
+    ``refused``: why memory cannot hold the stash (nothing was kept; ``bytes`` is 0)."""
+
+    bytes: int
+    seconds: float
+    available_memory: int | None = None
+    refused: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class RankUnstash(RankRecord):
+    """A rank wrote its stash into the new KV cache (``rank_unstash``), or dropped it."""
+
+    bytes: int
+    seconds: float

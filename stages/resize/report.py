@@ -11,13 +11,13 @@ from typing import Any, Literal
 
 import attrs
 
-__all__ = ["Action", "KVCacheInfo", "RankReport", "ResizeReport", "State"]
+__all__ = ["Action", "KVCacheInfo", "PrefixCacheCarry", "RankReport", "ResizeReport", "State"]
 
 Action = Literal["resize", "release", "resume"]
 State = Literal["serving", "released", "resizing", "failed"]
 
 #: The steps a report times, in the order they run.
-STEPS = ("plan", "pause", "teardown", "kv_phase", "warmup", "scheduler", "resume")
+STEPS = ("plan", "pause", "carry", "teardown", "kv_phase", "warmup", "scheduler", "resume")
 
 
 @attrs.frozen(kw_only=True)
@@ -32,6 +32,9 @@ class RankReport:
         rss_before / rss_torn_down / rss_after: resident set size of the worker process
             (bytes) before the teardown, right after it (old cache freed, new one not yet
             allocated) and after the last step, read after ``malloc_trim``; None off Linux.
+        stash_bytes: the kept prefix-cache blocks this rank set aside while its cache was
+            rebuilt (``keep_prefix_cache``): the peak KV memory of the resize is the larger
+            of the two caches plus these bytes.
     """
 
     rank: int
@@ -43,6 +46,40 @@ class RankReport:
     rss_before: int | None = None
     rss_torn_down: int | None = None
     rss_after: int | None = None
+    stash_bytes: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class PrefixCacheCarry:
+    """What a resize did with the prefix cache.
+
+    Attributes:
+        kept: True when the cached blocks were carried into the new cache (their contents
+            and vLLM's block pool state); False when the prefix cache was emptied.
+        cached_before: cached blocks in the pool when the resize began (after the pause).
+        blocks_kept: cached blocks the new cache holds.
+        blocks_evicted: cached blocks that did not fit (a shrink), evicted as vLLM evicts:
+            least recently used first.
+        bytes_copied: KV bytes copied per rank (the largest rank's).
+        reason: why the cache was emptied (None when kept): not asked
+            (``keep_prefix_cache=False``), or why it could not be kept.
+    """
+
+    kept: bool
+    cached_before: int = 0
+    blocks_kept: int = 0
+    blocks_evicted: int = 0
+    bytes_copied: int = 0
+    reason: str | None = None
+
+    def __str__(self) -> str:
+        if not self.kept:
+            return f"prefix cache emptied: {self.reason}"
+        return (
+            f"prefix cache kept: {self.blocks_kept} of {self.cached_before} cached blocks "
+            f"({self.blocks_evicted} evicted, {self.bytes_copied / (1 << 20):.2f} MiB copied "
+            "per rank)"
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -59,6 +96,8 @@ class ResizeReport:
         ranks: each rank's part.
         requests_waited: ids of requests that were queued and ran on the new cache.
         requests_aborted: ids of requests aborted (``mode="abort"``).
+        prefix_cache: what happened to the prefix cache (None: there was none to keep, a
+            release or a resume).
     """
 
     action: Action
@@ -72,6 +111,7 @@ class ResizeReport:
     ranks: tuple[RankReport, ...] = ()
     requests_waited: tuple[str, ...] = ()
     requests_aborted: tuple[str, ...] = ()
+    prefix_cache: PrefixCacheCarry | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON-able), the form a utility call returns."""
@@ -85,6 +125,8 @@ class ResizeReport:
         fields["steps"] = dict(fields.get("steps", {}))
         for key in ("requests_waited", "requests_aborted"):
             fields[key] = tuple(fields.get(key, ()))
+        carry = fields.get("prefix_cache")
+        fields["prefix_cache"] = None if carry is None else PrefixCacheCarry(**carry)
         return cls(**fields)
 
     def __str__(self) -> str:
@@ -96,6 +138,8 @@ class ResizeReport:
         )
         steps = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in self.steps.items())
         lines = [head, f"  steps (ms): {steps}"]
+        if self.prefix_cache is not None:
+            lines.append(f"  {self.prefix_cache}")
         if self.requests_aborted:
             lines.append(f"  aborted: {', '.join(self.requests_aborted)}")
         if self.requests_waited:

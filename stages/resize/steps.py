@@ -28,18 +28,23 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import attrs
 
+from ..contract.declare import vllm_uses
+from . import kv_copy
 from . import rank as ranks
+from .carry import CarryPlan, PoolState, apply_carry, plan_carry, read_pool
 from .records import (
     RankAllocation,
     RankFailure,
     RankRecord,
     RankRequests,
+    RankStash,
     RankTeardown,
+    RankUnstash,
     RankWarmUp,
     answered,
 )
 from .replay import Plan, rebuild_scheduler_kv, refuse
-from .report import STEPS, RankReport, ResizeReport
+from .report import STEPS, PrefixCacheCarry, RankReport, ResizeReport
 from .txn import Step, Transaction
 
 __all__ = [
@@ -47,6 +52,7 @@ __all__ = [
     "RESIZE",
     "RESUME",
     "TRANSACTIONS",
+    "WARM_RESIZE",
     "Clock",
     "EngineState",
     "Live",
@@ -54,13 +60,14 @@ __all__ = [
     "check_runners_idle",
     "engine_state",
     "released_figures",
+    "weights_version",
 ]
 
 logger = logging.getLogger("vllm.initpipe")
 
 R = TypeVar("R", bound=RankRecord)
 #: the answers of the rank steps, each timed by the rank (``seconds``)
-T = TypeVar("T", RankTeardown, RankAllocation, RankWarmUp)
+T = TypeVar("T", RankTeardown, RankAllocation, RankWarmUp, RankStash, RankUnstash)
 
 
 # -- state kept on the engine core --------------------------------------------------------
@@ -81,6 +88,10 @@ class EngineState:
     model_runner: str | None = None
     #: the vLLM release the contract matched (``Verdict.release``), read at each check
     release: str | None = None
+    #: the weights version (vLLM's ``get_weight_version()``) the prefix cache's blocks were
+    #: computed under: vLLM's start value, then the version at each transaction that
+    #: emptied or kept the cache (a refit's new one)
+    cache_weights: str = "default"
 
 
 def engine_state(core: Any) -> EngineState:
@@ -89,6 +100,12 @@ def engine_state(core: Any) -> EngineState:
     if st is None:
         st = core._initpipe_kv_state = EngineState()
     return st
+
+
+@vllm_uses("resize", calls=("vllm.v1.engine.core:EngineCore.get_weight_version",))
+def weights_version(core: Any) -> str:
+    """vLLM's weights version of the engine (``EngineCore.get_weight_version``)."""
+    return str(core.get_weight_version())
 
 
 def released_figures(core: Any) -> None:
@@ -154,6 +171,11 @@ class Live:
         paused_all: vLLM's ``PauseState.PAUSED_ALL``.
         ranks: each rank's report so far.
         waited: requests queued during the pause (they run on the new cache).
+        keep: keep the prefix cache (``keep_prefix_cache``); ``keep_refused``: why it
+            cannot be, known before the pause (then it is emptied, and the report says why).
+        pool: the old pool's prefix-cache state, read after the pause (a kept cache).
+        carry: what the new pool keeps (None: the prefix cache is emptied).
+        prefix_cache: the report's account of the prefix cache.
     """
 
     core: Any
@@ -170,6 +192,11 @@ class Live:
     paused_all: Any
     ranks: dict[int, RankReport]
     waited: tuple[str, ...] = ()
+    keep: bool = False
+    keep_refused: str | None = None
+    pool: PoolState | None = None
+    carry: CarryPlan | None = None
+    prefix_cache: PrefixCacheCarry | None = None
 
     def on_ranks(
         self,
@@ -257,7 +284,7 @@ def _pause(live: Live) -> None:
         try:
             _flush_finished(live.core)
             check_runners_idle(live.rpc(ranks.rank_requests, RankRequests))
-            if live.before and not sched.reset_prefix_cache():
+            if live.before and not live.keep and not sched.reset_prefix_cache():
                 raise refuse("requests", "the prefix cache could not be reset")
         except BaseException:
             sched.set_pause_state(live.prior_pause)
@@ -272,6 +299,71 @@ def _unpause(live: Live) -> None:
 
 
 # -- the steps ----------------------------------------------------------------------------
+def _carry(live: Live) -> None:
+    """Keep the prefix cache: read the old pool, plan what the new size keeps and have every
+    rank set those blocks' bytes aside. Where that cannot be (the reason known before the
+    pause, a pool that cannot be read, a rank whose memory cannot hold its stash), the
+    prefix cache is emptied instead, as a plain resize empties it, and the report says why."""
+    assert live.new is not None
+    sched = live.core.scheduler
+    reason = live.keep_refused
+    with live.clock.timed("carry"):
+        state = read_pool(sched.kv_cache_manager.block_pool) if reason is None else reason
+        if isinstance(state, str):
+            reason = state
+        else:
+            live.pool, live.carry = state, plan_carry(state, live.new.num_blocks)
+    carry = live.carry
+    stashed = 0
+    if carry is not None and carry.moves:
+        answers = live.rpc(
+            kv_copy.rank_stash, RankStash, carry.old_ids, list(live.new.bytes_per_rank())
+        )
+        live.clock.add("carry", max(a.seconds for a in answers))
+        for a in answered(answers):
+            live.ranks[a.rank] = attrs.evolve(live.ranks[a.rank], stash_bytes=a.bytes)
+        bad = next((a for a in answers if isinstance(a, RankFailure)), None)
+        if bad is not None:
+            raise RankStepFailed("carry", bad)
+        stashed = max(a.bytes for a in answered(answers))
+        refused = next((a.refused for a in answered(answers) if a.refused), None)
+        if refused is not None:
+            _drop_stash(live)
+            reason, live.carry, live.pool = refused, None, None
+    if live.carry is None:
+        with live.clock.timed("carry"):
+            if not sched.reset_prefix_cache():
+                raise RuntimeError("the prefix cache could not be reset")
+        live.prefix_cache = PrefixCacheCarry(kept=False, reason=reason)
+        return
+    assert live.pool is not None
+    live.prefix_cache = PrefixCacheCarry(
+        kept=True,
+        cached_before=len(live.pool.cached),
+        blocks_kept=len(live.carry.moves),
+        blocks_evicted=len(live.carry.evicted),
+        bytes_copied=stashed,
+    )
+
+
+def _drop_stash(live: Live) -> None:
+    """Every rank forgets its stash (answers read, failures logged: nothing to undo)."""
+    for a in live.rpc(kv_copy.rank_drop_stash, RankUnstash):
+        if isinstance(a, RankFailure):
+            logger.warning("initpipe: rank %s could not drop its KV stash: %s", a.rank, a.error)
+    for r, report in live.ranks.items():
+        live.ranks[r] = attrs.evolve(report, stash_bytes=0)
+
+
+def _unstash(live: Live) -> None:
+    """Every rank writes its kept blocks into the new cache at their new ids."""
+    if live.carry is None or not live.carry.moves:
+        return
+    live.on_ranks(
+        "carry", kv_copy.rank_unstash, RankUnstash, live.carry.new_ids, figures=lambda a: {}
+    )
+
+
 def _teardown(live: Live) -> None:
     """Every rank releases its KV cache."""
     live.on_ranks(
@@ -315,6 +407,9 @@ def _scheduler(live: Live) -> None:
     assert live.new is not None
     with live.clock.timed("scheduler"):
         rebuild_scheduler_kv(live.core, live.new)
+        if live.carry is not None and live.pool is not None:
+            pool = live.core.scheduler.kv_cache_manager.block_pool
+            apply_carry(pool, live.pool, live.carry)
         _remember_size(live.core, live.num_blocks, live.kv_cache_memory_bytes)
 
 
@@ -344,6 +439,7 @@ def _restore(live: Live) -> None:
                     raise RuntimeError(a.error)
         rebuild_scheduler_kv(core, old)
         st.state, st.bytes_per_rank = "serving", old.bytes_per_rank()
+        st.cache_weights = weights_version(core)
     except Exception:
         logger.exception("initpipe: the KV cache could not be rolled back")
         released_figures(core)
@@ -355,6 +451,33 @@ def _restore(live: Live) -> None:
         raise
 
 
+def _restore_warm(live: Live) -> None:
+    """:func:`_restore`, then the kept blocks back where they were, when every rank still
+    holds its stash: a failed resize that kept the prefix cache loses none of what it kept
+    (a shrink's evicted blocks stay evicted). Otherwise the restored cache starts empty."""
+    _restore(live)
+    carry, state = live.carry, live.pool
+    if carry is None or state is None or not carry.moves or live.st.state != "serving":
+        return
+    back = CarryPlan(
+        moves=tuple((o, o) for o, _ in carry.moves),
+        queue=state.queue,
+        evicted=carry.evicted,
+        num_blocks=state.num_blocks,
+    )
+    answers = live.rpc(kv_copy.rank_unstash, RankUnstash, back.new_ids)
+    failed = [a for a in answers if isinstance(a, RankFailure)]
+    if failed:
+        logger.warning(
+            "initpipe: the kept prefix cache could not be written back on rollback (rank %s: "
+            "%s); the restored cache starts empty",
+            failed[0].rank,
+            failed[0].error,
+        )
+        return
+    apply_carry(live.core.scheduler.kv_cache_manager.block_pool, state, back)
+
+
 # -- the commits --------------------------------------------------------------------------
 def _commit_serving(live: Live) -> None:
     """The new cache serves; the user's pause state is back."""
@@ -362,6 +485,7 @@ def _commit_serving(live: Live) -> None:
     with live.clock.timed("resume"):
         live.st.state, live.st.resume_blocks = "serving", None
         live.st.bytes_per_rank = live.new.bytes_per_rank()
+        live.st.cache_weights = weights_version(live.core)
         live.core.scheduler.set_pause_state(live.saved_pause)
 
 
@@ -371,6 +495,7 @@ def _commit_released(live: Live) -> None:
         st = live.st
         st.state, st.resume_blocks, st.bytes_per_rank = "released", live.before, ()
         st.user_pause = live.saved_pause
+        st.cache_weights = weights_version(live.core)
         released_figures(live.core)
 
 
@@ -396,6 +521,22 @@ RESUME: Transaction[Live] = Transaction(
     name="resume",
     pause=PAUSE,
     steps=(attrs.evolve(KV_PHASE, undo=_restore), WARMUP, SCHEDULER),
+    commit=_commit_serving,
+)
+#: a resize that keeps the prefix cache: the kept blocks are set aside before the teardown
+#: and written back after the warm-up (which may write into the new cache), before the
+#: scheduler's pool is rebuilt to hold them; a rollback writes them back into the old cache
+WARM_RESIZE: Transaction[Live] = Transaction(
+    name="resize",
+    pause=PAUSE,
+    steps=(
+        Step(name="carry", do=_carry, undo=_drop_stash),
+        attrs.evolve(TEARDOWN, undo=_restore_warm),
+        KV_PHASE,
+        WARMUP,
+        Step(name="unstash", do=_unstash),
+        SCHEDULER,
+    ),
     commit=_commit_serving,
 )
 #: every live transaction on the KV cache, by the action that asks for it
