@@ -50,16 +50,19 @@ def _page_bytes(cfg: Any, layer: str) -> int:
         "vllm.v1.worker.utils:allocate_kv_cache",
     ),
 )
-def block_views(runner: Any) -> Iterator[tuple[tuple[str, ...], Any]]:
+def block_views(runner: Any, cfg: Any = None) -> Iterator[tuple[tuple[str, ...], Any]]:
     """Each distinct KV cache tensor of ``runner``'s cache as ``(its layers, a view of
     shape (layers, num_blocks, page bytes))`` over the backing int8 allocation.
+    ``cfg``: the ``KVCacheConfig`` the cache was allocated for (default: the pipelined
+    runner's KV phase's; a stock runner's is its ``kv_cache_config``).
 
     Raises:
         ValueError: no KV cache, or a host-resident (HiSparse) tensor.
     """
     import torch
 
-    cfg = runner.initpipe_run.outputs["runner_kv_cache_config"]
+    if cfg is None:
+        cfg = runner.initpipe_run.outputs["runner_kv_cache_config"]
     views = list(getattr(runner, "kv_caches", None) or ())
     if not views or not cfg.kv_cache_tensors:
         raise ValueError("the runner holds no KV cache")
