@@ -8,7 +8,9 @@ planning and scheduler set-up are in :mod:`.replay`), the one live-transaction d
 (:mod:`.txn`: pause, steps, commit, or undo in reverse) and the resize, release and resume
 as step lists on it (:mod:`.steps`), the worker side run on every rank through
 ``collective_rpc`` (:mod:`.rank`, answering in the typed records of :mod:`.records`), and
-the records they return (:mod:`.report`); the weight refit on the same driver — its steps
+the records they return (:mod:`.report`); a resize that keeps the prefix cache — the
+scheduler's block pool carried (:mod:`.carry`) and the kept blocks' bytes copied on every
+rank (:mod:`.kv_copy`); the weight refit on the same driver — its steps
 and engine-core side (:mod:`.refit_core`), its probe (:mod:`.probe`), the weights' checks, digest
 and rank side (:mod:`.weights`), its receipt (:mod:`.receipt`) and public API
 (:mod:`.refit_api`); and one test facility, :mod:`.hold`
@@ -34,10 +36,11 @@ from .api import (
 from .probe import Probe, ProbeResult
 from .receipt import RefitReceipt, RefitStep, WeightsInfo
 from .refit_api import refit, refit_async, weights_info, weights_info_async
-from .report import KVCacheInfo, RankReport, ResizeReport
+from .report import KVCacheInfo, PrefixCacheCarry, RankReport, ResizeReport
 
 __all__ = [
     "KVCacheInfo",
+    "PrefixCacheCarry",
     "Probe",
     "ProbeResult",
     "RankReport",

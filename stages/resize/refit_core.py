@@ -343,6 +343,7 @@ def _commit(live: Refit) -> None:
     st.state, st.resume_blocks = "serving", None
     st.bytes_per_rank = live.new.bytes_per_rank()
     live.core.set_weight_version(live.version)
+    st.cache_weights = live.version  # the prefix cache is empty: what it caches next is
     live.core.scheduler.set_pause_state(live.saved_pause)
 
 

@@ -11,7 +11,9 @@ Routes (JSON in, JSON out):
 GET        ``/initpipe/kv_cache``            :class:`~initpipe_vllm.resize.KVCacheInfo`
 POST       ``/initpipe/kv_cache/resize``     ``{"num_blocks": N}`` or
                                              ``{"kv_cache_memory_bytes": B}``, optional
-                                             ``"mode": "wait" | "abort"``
+                                             ``"mode": "wait" | "abort"``,
+                                             ``"keep_prefix_cache": true | false``
+                                             (default true)
                                              -> :class:`~initpipe_vllm.resize.ResizeReport`
 POST       ``/initpipe/kv_cache/release``    optional ``{"mode": ...}`` -> the report
 POST       ``/initpipe/kv_cache/resume``     optional size (default: the size before the
@@ -157,7 +159,9 @@ class _Route:
 
 ROUTES: dict[str, _Route] = {
     PREFIX: _Route("GET", (), _info, KV_CACHE),
-    f"{PREFIX}/resize": _Route("POST", (*_SIZE, "mode"), _resize, KV_CACHE, "resize"),
+    f"{PREFIX}/resize": _Route(
+        "POST", (*_SIZE, "mode", "keep_prefix_cache"), _resize, KV_CACHE, "resize"
+    ),
     f"{PREFIX}/release": _Route("POST", ("mode",), _release, KV_CACHE, "release"),
     f"{PREFIX}/resume": _Route("POST", _SIZE, _resume, KV_CACHE, "resume"),
     WEIGHTS_PREFIX: _Route("GET", (), weights_info, WEIGHTS),

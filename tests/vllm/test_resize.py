@@ -221,10 +221,10 @@ def _engine_under_test(folder: Path, extra: dict[str, Any], queued: list[int], s
         }
 
     with _initpipe_log() as lines:
-        shrink = ip.resize_kv_cache(llm, num_blocks=B)
+        shrink = ip.resize_kv_cache(llm, keep_prefix_cache=False, num_blocks=B)
     rec["shrink_log"] = lines
     checkpoint("shrink", shrink)
-    checkpoint("grow", ip.resize_kv_cache(llm, num_blocks=C))
+    checkpoint("grow", ip.resize_kv_cache(llm, keep_prefix_cache=False, num_blocks=C))
 
     # release -> refused requests -> resume (to the previous size)
     rel = ip.release_kv_cache(llm)
@@ -243,7 +243,10 @@ def _engine_under_test(folder: Path, extra: dict[str, Any], queued: list[int], s
 
     # alternating resizes, ending on C
     cycles = CYCLES[_runner_version()]
-    reports = [ip.resize_kv_cache(llm, num_blocks=B if i % 2 == 0 else C) for i in range(cycles)]
+    reports = [
+        ip.resize_kv_cache(llm, keep_prefix_cache=False, num_blocks=B if i % 2 == 0 else C)
+        for i in range(cycles)
+    ]
     checkpoint("cycled", reports[-1])
     rec["cycles"] = [r.to_dict() for r in reports]
     rec["leaks"] = _kv_storages_alive(llm, spy)
@@ -278,7 +281,7 @@ def _engine_under_test(folder: Path, extra: dict[str, Any], queued: list[int], s
         for after in (False, True):
             inject_fault(runner.initpipe_run, stage, after=after, times=1)
             try:
-                ip.resize_kv_cache(llm, num_blocks=B)
+                ip.resize_kv_cache(llm, keep_prefix_cache=False, num_blocks=B)
                 res: dict[str, Any] = {"error": None}
             except Exception as err:
                 res = {"error": _error(err)}
@@ -296,7 +299,7 @@ def _engine_under_test(folder: Path, extra: dict[str, Any], queued: list[int], s
     # a fault that hits the resize and its rollback: left released, then resumed
     inject_fault(runner.initpipe_run, ALLOCATES[_runner_version()])
     try:
-        ip.resize_kv_cache(llm, num_blocks=B)
+        ip.resize_kv_cache(llm, keep_prefix_cache=False, num_blocks=B)
         rec["double_fault"] = {"error": None}
     except Exception as err:
         rec["double_fault"] = {"error": _error(err)}
@@ -315,18 +318,18 @@ def _engine_under_test(folder: Path, extra: dict[str, Any], queued: list[int], s
     llm.enqueue([TokensPrompt(prompt_token_ids=queued)], params, use_tqdm=False)
     engine.step()  # scheduled: it holds KV blocks now
     try:
-        ip.resize_kv_cache(llm, num_blocks=B, mode="wait")
+        ip.resize_kv_cache(llm, keep_prefix_cache=False, num_blocks=B, mode="wait")
         rec["wait_holding"] = "accepted"
     except Exception as err:
         rec["wait_holding"] = _error(err)
-    aborted = ip.resize_kv_cache(llm, num_blocks=B, mode="abort")
+    aborted = ip.resize_kv_cache(llm, keep_prefix_cache=False, num_blocks=B, mode="abort")
     rec["abort"] = {
         "report": aborted.to_dict(),
         "unfinished": engine.has_unfinished_requests(),
         "outputs": _outputs(llm),
     }
     ids = llm.enqueue([TokensPrompt(prompt_token_ids=queued)], params, use_tqdm=False)
-    waited = ip.resize_kv_cache(llm, num_blocks=C, mode="wait")
+    waited = ip.resize_kv_cache(llm, keep_prefix_cache=False, num_blocks=C, mode="wait")
     (q,) = llm.wait_for_completion(use_tqdm=False)
     rec["queued"] = {
         "ids": ids,
@@ -390,7 +393,7 @@ def _scheduler_faults(llm: Any) -> dict[str, Any]:
         before = configured()
         with _fails_once(owner, name) as stacks:
             try:
-                ip.resize_kv_cache(llm, num_blocks=B)
+                ip.resize_kv_cache(llm, keep_prefix_cache=False, num_blocks=B)
                 res: dict[str, Any] = {"error": None}
             except Exception as err:
                 res = {"error": _error(err)}
@@ -423,7 +426,7 @@ def _connector(weights_dir: str) -> dict[str, Any]:
         )
         llm = LLM(**kwargs)
         _outputs(llm, salt=1)
-        out["report"] = ip.resize_kv_cache(llm, num_blocks=B).to_dict()
+        out["report"] = ip.resize_kv_cache(llm, keep_prefix_cache=False, num_blocks=B).to_dict()
         out["engine"] = {"outputs": _outputs(llm), **_state(llm)}
         llm.llm_engine.engine_core.shutdown()
         del llm

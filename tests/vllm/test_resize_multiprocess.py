@@ -111,7 +111,7 @@ def _sync(folder: Path, extra: dict[str, Any], hold: Path) -> dict[str, Any]:
     llm.enqueue([TP(prompt_token_ids=_prompt(1))], params, use_tqdm=False)
     first = engine.step()  # blocks until the engine core sent its first token: in flight
     try:
-        shrink = ip.resize_kv_cache(llm, num_blocks=B, mode="wait")
+        shrink = ip.resize_kv_cache(llm, keep_prefix_cache=False, num_blocks=B, mode="wait")
     finally:
         hold.unlink()
     rest = llm.wait_for_completion(use_tqdm=False)
@@ -160,15 +160,18 @@ def _sync(folder: Path, extra: dict[str, Any], hold: Path) -> dict[str, Any]:
     # a fault in the spawned worker: the stage's next run fails once, the rollback works
     llm.collective_rpc(_inject, args=("allocated_kv_caches",))
     try:
-        ip.resize_kv_cache(llm, num_blocks=C)
+        ip.resize_kv_cache(llm, keep_prefix_cache=False, num_blocks=C)
         rec["fault"] = {"error": None}
     except Exception as err:
         rec["fault"] = {"error": _error(err)}
     rec["fault"]["info"] = ip.kv_cache_info(llm).to_dict()
     llm.reset_prefix_cache()
     rec["fault"]["outputs"] = _outputs(llm)
-    grow = ip.resize_kv_cache(llm, num_blocks=C)
+    grow = ip.resize_kv_cache(llm, keep_prefix_cache=False, num_blocks=C)
     rec["grow"] = {"report": grow.to_dict(), "info": ip.kv_cache_info(llm).to_dict()}
+    from test_resize_warm import warm_round
+
+    rec["warm"] = warm_round(llm, _prompt(5), lambda: ip.resize_kv_cache(llm, num_blocks=A))
     engine.engine_core.shutdown()
     return rec
 
@@ -199,7 +202,7 @@ def _fresh(folder: Path, extra: dict[str, Any]) -> dict[str, Any]:
     (alone,) = fresh.generate([TokensPrompt(prompt_token_ids=_prompt(1))], params, use_tqdm=False)
     rec["long_tokens"] = list(alone.outputs[0].token_ids)
     try:
-        ip.resize_kv_cache(fresh, num_blocks=A)
+        ip.resize_kv_cache(fresh, keep_prefix_cache=False, num_blocks=A)
         rec["no_plugin"] = "accepted"
     except Exception as err:
         rec["no_plugin"] = _error(err)
@@ -297,11 +300,13 @@ async def _async(
             return bool((await info())["state"] == "resizing")
 
         task = await started("inflight-wait", 1, "held")
-        first = asyncio.create_task(ip.resize_kv_cache_async(engine, num_blocks=B, mode="wait"))
+        first = asyncio.create_task(
+            ip.resize_kv_cache_async(engine, keep_prefix_cache=False, num_blocks=B, mode="wait")
+        )
         await until_async("resizing (the first resize waiting)", resizing)
         during = await info()
         try:
-            await ip.resize_kv_cache_async(engine, num_blocks=C)
+            await ip.resize_kv_cache_async(engine, keep_prefix_cache=False, num_blocks=C)
             second: Any = "accepted"
         except Exception as err:
             second = _error(err)
@@ -318,7 +323,9 @@ async def _async(
         # held until the abort resize pauses the scheduler: the request is still running then
         task = await started("inflight-abort", 2, UNTIL_PAUSE)
         try:
-            aborted = await ip.resize_kv_cache_async(engine, num_blocks=B, mode="abort")
+            aborted = await ip.resize_kv_cache_async(
+                engine, keep_prefix_cache=False, num_blocks=B, mode="abort"
+            )
         finally:
             hold.unlink()
         done = await task
@@ -423,7 +430,7 @@ async def _async_refit(
     await until_async("refitting (the refit waiting for the request in flight)", busy)
     arriving = await queued_request("arrived-during-drain")
     second = await attempt(ip.refit_async(engine, a))
-    resize = await attempt(ip.resize_kv_cache_async(engine, num_blocks=C))
+    resize = await attempt(ip.resize_kv_cache_async(engine, keep_prefix_cache=False, num_blocks=C))
     held = [first.done(), inflight.done(), arriving.done()]
     hold.unlink()
     receipt = await first
@@ -689,3 +696,9 @@ def test_a_failed_refit_refuses_requests_until_a_refit_succeeds(asynced: Any, sy
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+
+
+def test_multiprocess_resize_keeps_the_prefix_cache(sync: Any) -> None:
+    from test_resize_warm import warm_round_problems
+
+    assert warm_round_problems(sync["warm"]) == []

@@ -132,29 +132,40 @@ def main(out: str, weights_dir: str) -> None:
         rec["start_digests"] = [a["digest"] for a in llm.collective_rpc(rank_digest)]
 
         run_workload(llm, "generate", salt=1)  # fill the prefix cache
-        rec["shrink"] = {"report": ip.resize_kv_cache(llm, num_blocks=B).to_dict(), **_state(llm)}
+        rec["shrink"] = {
+            "report": ip.resize_kv_cache(llm, keep_prefix_cache=False, num_blocks=B).to_dict(),
+            **_state(llm),
+        }
 
         rec["fault_ranks"] = llm.collective_rpc(_fault_on_rank_1, args=(fault_stage,))
         try:
-            ip.resize_kv_cache(llm, num_blocks=A)
+            ip.resize_kv_cache(llm, keep_prefix_cache=False, num_blocks=A)
             rec["fault"] = {"error": "accepted"}
         except Exception as err:
             rec["fault"] = {"error": _error(err)}
         rec["fault"].update(info=ip.kv_cache_info(llm).to_dict(), **_state(llm))
 
         per_rank = rec["shrink"]["report"]["bytes_allocated"] // TP
-        by_bytes = ip.resize_kv_cache(llm, kv_cache_memory_bytes=per_rank)
+        by_bytes = ip.resize_kv_cache(llm, keep_prefix_cache=False, kv_cache_memory_bytes=per_rank)
         rec["by_bytes"] = {"per_rank": per_rank, "report": by_bytes.to_dict()}
 
         ip.release_kv_cache(llm)
         rec["resumed"] = {"report": ip.resume_kv_cache(llm).to_dict(), **_state(llm)}
-        rec["grow"] = {"report": ip.resize_kv_cache(llm, num_blocks=A).to_dict(), **_state(llm)}
+        rec["grow"] = {
+            "report": ip.resize_kv_cache(llm, keep_prefix_cache=False, num_blocks=A).to_dict(),
+            **_state(llm),
+        }
         # refit to other weights (B), then back to A: every rank loads its shard, and each
         # rank's digest comes back to the one it had at start
         to_b = ip.refit(llm, seeded_model(MODEL, weights_dir, seed=1))
         rec["refit_b"] = {"receipt": to_b.to_dict(), **_state(llm)}
         back = ip.refit(llm, folder)
         rec["refit_a"] = {"receipt": back.to_dict(), **_state(llm)}
+        # the prefix cache kept across a shrink, on both ranks
+        from test_resize_warm import warm_round
+
+        prompt = [(7 * i) % 500 + 3 for i in range(150)]
+        rec["warm"] = warm_round(llm, prompt, lambda: ip.resize_kv_cache(llm, num_blocks=B))
         llm.llm_engine.engine_core.shutdown()
     Path(out).write_text(json.dumps(rec, default=repr))
 
@@ -261,3 +272,9 @@ def test_a_grow_across_ranks_equals_a_fresh_engine_of_the_larger_size(rec: Any) 
     if not OWN_PROCESS[rec["model_runner"]]:
         assert _same(rec[f"fresh_{B}"]["scheduler"], grow["scheduler"]) != []  # sizes differ
     _equals_fresh(rec, grow, A)
+
+
+def test_a_shrink_keeps_the_prefix_cache_on_every_rank(rec: Any) -> None:
+    from test_resize_warm import warm_round_problems
+
+    assert warm_round_problems(rec["warm"], ranks=TP) == []

@@ -228,6 +228,34 @@ def _engine(folder: Path, extra: dict[str, Any], history: list[list[int]]) -> di
     return rec
 
 
+def warm_round(llm: Any, prompt: list[int], resize: Any) -> dict[str, Any]:
+    """For the other placements (engine core in its own process, TP=2, HTTP): ``prompt``
+    served twice (the second hits its cached prefix), ``resize()``, then ``prompt`` again."""
+    _serve(llm, [prompt])
+    (hit,) = _serve(llm, [prompt])
+    report = resize()
+    (after,) = _serve(llm, [prompt])
+    return {"report": report.to_dict(), "hit": hit, "after": after}
+
+
+def warm_round_problems(rec: dict[str, Any], ranks: int = 1) -> list[str]:
+    """What is wrong with a :func:`warm_round`: the prompt must hit its prefix after the
+    resize exactly as before it (tokens, logprobs, cached tokens), every rank having copied
+    the kept blocks."""
+    problems = []
+    carry = rec["report"]["prefix_cache"]
+    if not (carry and carry["kept"] and carry["blocks_kept"] >= 1):
+        problems.append(f"the prefix cache was not kept: {carry}")
+    if rec["hit"]["cached"] < 128:
+        problems.append(f"the prompt did not hit before the resize: {rec['hit']['cached']}")
+    if rec["after"] != rec["hit"]:
+        problems.append(f"after the resize {rec['after']} != before {rec['hit']}")
+    stashed = [r["stash_bytes"] for r in rec["report"]["ranks"]]
+    if len(stashed) != ranks or not all(stashed):
+        problems.append(f"stash bytes per rank: {stashed}")
+    return problems
+
+
 def shrink_queries(history: list[list[int]]) -> list[list[int]]:
     """After the shrink: the two newest prompts (kept: they hit), then the three oldest
     (evicted: recomputed). Each query's partial block evicts the least recently used kept
@@ -351,6 +379,14 @@ def test_a_failed_resize_rolls_back_with_the_kept_blocks(result: Any) -> None:
     assert eng["rollback_error"] == {"type": "ResizeError", "rolled_back": True}
     assert eng["info_after_rollback"]["num_blocks"] == GROW
     assert eng["after_rollback"] == [eng["after_grow"][-1]]
+
+
+def test_the_resize_page_shows_this_shrinks_real_report(result: Any) -> None:
+    from initpipe_vllm.resize.report import PrefixCacheCarry
+
+    line = str(PrefixCacheCarry(**result["engine"]["shrink"]["prefix_cache"]))
+    docs = Path(__file__).resolve().parents[2] / "docs" / "resize.md"
+    assert f"```text\n{line}\n```" in docs.read_text()
 
 
 if __name__ == "__main__":

@@ -180,22 +180,22 @@ def _complete(client: Any, model: str, prompt: list[int], **extra: Any) -> Any:
     return client.post("/v1/completions", json=body)
 
 
+def _one(client: Any, model: str, prompt: list[int]) -> dict[str, Any]:
+    """One completion: tokens, logprobs, cached tokens."""
+    r = _complete(client, model, prompt)
+    assert r.status_code == 200, r.text
+    choice, usage = r.json()["choices"][0], r.json()["usage"]
+    return {
+        "tokens": choice["token_ids"],
+        "logprobs": choice["logprobs"]["token_logprobs"],
+        "top": choice["logprobs"]["top_logprobs"],
+        "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+    }
+
+
 def _workload(client: Any, model: str) -> list[dict[str, Any]]:
-    """The workload's completions, one at a time: tokens, logprobs, cached tokens."""
-    out = []
-    for prompt in WORKLOAD:
-        r = _complete(client, model, prompt)
-        assert r.status_code == 200, r.text
-        choice, usage = r.json()["choices"][0], r.json()["usage"]
-        out.append(
-            {
-                "tokens": choice["token_ids"],
-                "logprobs": choice["logprobs"]["token_logprobs"],
-                "top": choice["logprobs"]["top_logprobs"],
-                "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
-            }
-        )
-    return out
+    """The workload's completions, one at a time."""
+    return [_one(client, model, prompt) for prompt in WORKLOAD]
 
 
 @pytest.fixture(scope="module")
@@ -212,6 +212,8 @@ def _cache_info_labels(client: Any) -> dict[str, str]:
 
 
 def _resize(client: Any, **body: Any) -> Any:
+    """A resize that empties the prefix cache (the oracles' state) unless told otherwise."""
+    body.setdefault("keep_prefix_cache", False)
     r = client.post(f"{ROUTES}/resize", json=body)
     assert r.status_code == 200, r.text
     return r.json()
@@ -251,6 +253,22 @@ def test_completions_after_a_shrink_and_a_grow_equal_fresh_servers(
     info = main.get(ROUTES).json()
     assert info["state"] == "serving" and info["num_blocks"] == C
     assert info["last_report"] == grow
+
+
+def test_a_resize_over_http_keeps_the_prefix_cache_by_default(servers: Any, main: Any) -> None:
+    model = servers["model"]
+    _at(main, C)
+    _one(main, model, FIRST)
+    hit = _one(main, model, FIRST)
+    assert hit["cached"] == 128
+    r = main.post(f"{ROUTES}/resize", json={"num_blocks": B})  # the default keeps it
+    assert r.status_code == 200, r.text
+    carry = r.json()["prefix_cache"]
+    assert carry["kept"] and carry["blocks_kept"] >= 1 and carry["bytes_copied"] > 0
+    assert _one(main, model, FIRST) == hit
+    cold = _resize(main, num_blocks=C)
+    assert cold["prefix_cache"]["reason"] == "keep_prefix_cache=False"
+    assert _one(main, model, FIRST)["cached"] == 0
 
 
 def test_metrics_show_the_new_capacity(servers: Any, main: Any) -> None:
