@@ -53,6 +53,17 @@ def alternate(
     return out
 
 
+def paired_ratio(num: list[float], den: list[float]) -> float:
+    """The median of the per-sample ratios ``num[i] / den[i]``, for samples taken in
+    alternation (:func:`alternate`): each pair ran back to back, so a drift of this noisy
+    machine (another process, the CPU's clock) divides out of each ratio, where a ratio of
+    two medians carries it (the KV re-init's ratio of medians moved 1.82 -> 1.05 between two
+    runs; its paired ratio stays within a few percent)."""
+    if len(num) != len(den) or not num:
+        raise ValueError(f"paired samples needed, got {len(num)} and {len(den)}")
+    return statistics.median(n / d for n, d in zip(num, den, strict=True))
+
+
 def mm(samples: list[float]) -> tuple[float, float]:
     """(min, median) of samples."""
     return min(samples), statistics.median(samples)

@@ -57,6 +57,53 @@ def floor_seconds(old_bytes: int, new_bytes: int, repeats: int) -> float:
     return statistics.median(samples)
 
 
+def _fill(llm: Any, prompts: int, seed: int) -> None:
+    """Cache ``prompts`` distinct prefixes of one full block each (128 tokens + 20)."""
+    import random
+
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    rng = random.Random(seed)
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
+    batch = [
+        TokensPrompt(prompt_token_ids=[rng.randrange(3, 500) for _ in range(148)])
+        for _ in range(prompts)
+    ]
+    llm.generate(batch, params, use_tqdm=False)
+
+
+def copy_seconds(nbytes: int, repeats: int) -> float:
+    """Median seconds of one copy of ``nbytes`` (int8) into another tensor: memory speed."""
+    import torch
+
+    src = torch.ones(nbytes, dtype=torch.int8)
+    dst = torch.empty_like(src)
+    samples = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dst.copy_(src)
+        samples.append(time.perf_counter() - t)
+    return statistics.median(samples)
+
+
+def warm_vs_cold(llm: Any, cycles: int, prompts: int, sizes: tuple[int, int]) -> dict[str, Any]:
+    """Resizes that keep the prefix cache and resizes that drop it, side by side: before
+    each, ``prompts`` prefixes are cached; both directions, both kinds, alternating."""
+    import initpipe_vllm as ip
+
+    ip.resize_kv_cache(llm, num_blocks=sizes[0], keep_prefix_cache=False)
+    order = ((sizes[1], True), (sizes[0], False), (sizes[1], False), (sizes[0], True))
+    reports: dict[str, list[dict[str, Any]]] = {"kept": [], "dropped": []}
+    for i in range(cycles):
+        for blocks, keep in order:
+            _fill(llm, prompts, seed=i * 10 + blocks)
+            report = ip.resize_kv_cache(llm, num_blocks=blocks, keep_prefix_cache=keep)
+            reports["kept" if keep else "dropped"].append(report.to_dict())
+    kept_bytes = reports["kept"][-1]["prefix_cache"]["bytes_copied"]
+    return {**reports, "sizes": sizes, "copy_s": copy_seconds(kept_bytes, 9)}
+
+
 def main(argv: list[str]) -> int:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -78,6 +125,8 @@ def main(argv: list[str]) -> int:
     small = {(r["bytes_freed"], r["bytes_allocated"]) for r in reports[1:]}
     # both directions alternate: their floors' mean is the median resize's floor
     out["resize_floor_s"] = statistics.mean(floor_seconds(a, b, 9) for a, b in sorted(small))
+    # keeping the prefix cache vs dropping it, on the same engine
+    out["warm"] = warm_vs_cold(llm, int(argv[3]), int(argv[4]), (128, 96))
 
     # memory on the same engine: grow to `big`, then (big -> big/4 -> big) x cycles ->
     # release -> resume, with the worker's RSS (this process)

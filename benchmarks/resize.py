@@ -14,7 +14,11 @@ Llama (dummy weights, eager, float32) and:
   ``--smoke``), releases and resumes; the reports carry the worker's RSS (this process,
   read after ``malloc_trim``) around the teardown;
 - measures each resize's physical floor in the same process: dropping a tensor of the old
-  KV bytes, then ``torch.zeros`` of the new bytes.
+  KV bytes, then ``torch.zeros`` of the new bytes;
+- resizes 128 <-> 96 blocks keeping the prefix cache and dropping it, alternating, with 64
+  one-block prefixes cached before each (16 with ``--smoke``): the ratio, the carry step
+  against two copies of the kept bytes at memory speed (``Tensor.copy_``, same process),
+  and the peak KV bytes of each.
 
 Goals (issues): each resize within 1.3x its floor + 20 ms, on both runners; resize >= 20x
 faster than an in-process restart (v1, the restart from :mod:`benchmarks.engine` when it ran
@@ -46,7 +50,9 @@ LABEL = {"v1": "v1", "v2": "MRv2"}
 FLOOR_FACTOR, FLOOR_SLACK_S = 1.3, 0.020
 
 
-def measure(repeats: int, big: int, cycles: int, runner: str = "v1") -> dict[str, Any]:
+def measure(
+    repeats: int, big: int, cycles: int, runner: str = "v1", warm: tuple[int, int] = (1, 16)
+) -> dict[str, Any]:
     """Run the child for ``runner``; its JSON result."""
     from ._resize_child import MARK
 
@@ -60,7 +66,12 @@ def measure(repeats: int, big: int, cycles: int, runner: str = "v1") -> dict[str
 
         env = triton_cpu.environ(env)
     res = subprocess.run(
-        [sys.executable, "-m", "benchmarks._resize_child", str(repeats), str(big), str(cycles)],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks._resize_child",
+            *map(str, (repeats, big, cycles, *warm)),
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -162,6 +173,36 @@ def runner_rows(res: dict[str, Any], runner: str) -> list[Row]:
     return out
 
 
+def warm_rows(res: dict[str, Any], runner: str) -> list[Row]:
+    """A resize keeping the prefix cache against the same resize dropping it: the difference
+    is the copy of the kept blocks (set aside, then written back), twice their bytes."""
+    label, warm = LABEL[runner], res["warm"]
+    kept, dropped = warm["kept"], warm["dropped"]
+    k_med, d_med = mm([r["total_s"] for r in kept])[1], mm([r["total_s"] for r in dropped])[1]
+    carry = mm([r["steps"]["carry"] for r in kept])[1]
+    last = kept[-1]
+    pc, rank = last["prefix_cache"], last["ranks"][0]
+    mib = 1 << 20
+    peak_plain = max(last["bytes_freed"], last["bytes_allocated"])
+    small, large = warm["sizes"][1], warm["sizes"][0]
+    return [
+        Row(
+            bench="resize",
+            name=f"{label} KV resize {large}<->{small} blocks keeping / dropping the prefix "
+            "cache (median)",
+            value=round(k_med / d_med, 3),
+            unit="x",
+            detail=f"kept median {k_med * 1e3:.2f} ms, dropped {d_med * 1e3:.2f} ms over "
+            f"{len(kept)}+{len(dropped)} resizes, {pc['blocks_kept']} cached blocks kept "
+            f"({pc['bytes_copied'] / mib:.1f} MiB); the carry step median {carry * 1e3:.2f} ms "
+            f"vs two copies of those bytes at memory speed {2 * warm['copy_s'] * 1e3:.2f} ms; "
+            f"peak KV bytes {peak_plain / mib:.1f} MiB dropping, "
+            f"{(peak_plain + rank['stash_bytes']) / mib:.1f} MiB keeping (both caches alive "
+            f"would be {(last['bytes_freed'] + last['bytes_allocated']) / mib:.1f} MiB)",
+        )
+    ]
+
+
 def restart_rows(
     res: dict[str, Any], llm_s: list[float], wall_s: list[float], source: str
 ) -> list[Row]:
@@ -198,6 +239,7 @@ def restart_seconds(smoke: bool) -> tuple[list[float], list[float], str]:
 def run(smoke: bool = False) -> list[Row]:
     """Rows for the benchmark runner: both runners' children, one after the other."""
     repeats, big, cycles = (4, 64 << 20, 1) if smoke else (40, 1 << 30, 3)
-    results = {r: measure(repeats, big, cycles, r) for r in RUNNERS}
-    out = [row for r in RUNNERS for row in runner_rows(results[r], r)]
+    warm = (1, 16) if smoke else (3, 64)
+    results = {r: measure(repeats, big, cycles, r, warm) for r in RUNNERS}
+    out = [row for r in RUNNERS for row in (*runner_rows(results[r], r), *warm_rows(results[r], r))]
     return out + restart_rows(results["v1"], *restart_seconds(smoke))

@@ -9,7 +9,10 @@ side by side in one run:
   ``GET /health`` (what changing ``--num-gpu-blocks-override`` costs without initpipe);
 - a resize over HTTP: ``POST /initpipe/kv_cache/resize`` alternating 32 <-> 64 blocks, as
   the client sees it (round trip), with a completion between resizes; the engine's own
-  ``total_s`` from the report gives the HTTP + frontend share.
+  ``total_s`` from the report gives the HTTP + frontend share;
+- the time to first token of a request sharing a long cached prefix (three blocks, 384
+  tokens) right after a resize, the prefix cache kept or dropped (alternating; the
+  completion of one token, as the client sees it).
 
 Goal (PRODUCT.md): a live resize >= 20x faster than starting the engine. Never ran on a GPU.
 """
@@ -30,7 +33,7 @@ def _engine_kwargs(blocks: int) -> dict[str, Any]:
     from initpipe_vllm.testing.equivalence import engine_kwargs
     from initpipe_vllm.tools.run import DEFAULT_MODEL
 
-    kwargs, _ = engine_kwargs(DEFAULT_MODEL, num_gpu_blocks_override=blocks)
+    kwargs, _ = engine_kwargs(DEFAULT_MODEL, num_gpu_blocks_override=blocks, max_model_len=512)
     kwargs["gpu_memory_utilization"] = 0.2
     return kwargs
 
@@ -68,11 +71,44 @@ def _resizes(url: str, n: int, out: dict[str, Any]) -> None:
             out["engine_s"].append(r.json()["total_s"])
 
 
+PREFIX_TOKENS = 384  # three blocks of 128
+
+
+def _ttft(url: str, n: int, out: dict[str, Any]) -> None:
+    """Prime a long prefix, resize keeping or dropping the cache (alternating), then time a
+    one-token completion that shares the prefix."""
+    import random
+
+    import httpx
+
+    model = _engine_kwargs(64)["model"]
+    rng = random.Random(5)
+    prefix = [rng.randrange(3, 500) for _ in range(PREFIX_TOKENS)]
+    with httpx.Client(base_url=url, timeout=300) as client:
+        for i in range(2 * n):
+            keep = i % 2 == 0
+            ask = {"model": model, "max_tokens": 1, "temperature": 0.0}
+            prime = {**ask, "prompt": prefix + [rng.randrange(3, 500) for _ in range(8)]}
+            client.post("/v1/completions", json=prime).raise_for_status()
+            body = {"num_blocks": 32 if (i // 2) % 2 else 64, "keep_prefix_cache": keep}
+            client.post("/initpipe/kv_cache/resize", json=body).raise_for_status()
+            query = {**ask, "prompt": prefix + [rng.randrange(3, 500) for _ in range(8)]}
+            t0 = time.perf_counter()
+            r = client.post("/v1/completions", json=query)
+            elapsed = time.perf_counter() - t0
+            r.raise_for_status()
+            cached = (r.json()["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")
+            out["ttft_kept" if keep else "ttft_dropped"].append(elapsed)
+            out["cached_kept" if keep else "cached_dropped"].append(cached or 0)
+
+
 def measure(restarts: int, resizes: int) -> dict[str, Any]:
     """Restart and HTTP resize samples (seconds); the resizes run on the last server."""
     from initpipe_vllm.testing.server import running_servers
 
     out: dict[str, Any] = {"restart_s": [], "http_s": [], "engine_s": []}
+    for key in ("ttft_kept", "ttft_dropped", "cached_kept", "cached_dropped"):
+        out[key] = []
     with tempfile.TemporaryDirectory(prefix="initpipe_bench_serve_") as tmp:
         for i in range(restarts):
             t0 = time.perf_counter()
@@ -80,6 +116,7 @@ def measure(restarts: int, resizes: int) -> dict[str, Any]:
                 ready = time.perf_counter() - t0
                 if i == restarts - 1:
                     _resizes(servers[f"server{i}"].url, resizes, out)
+                    _ttft(servers[f"server{i}"].url, resizes // 2, out)
                 stop_from = time.perf_counter()
             out["restart_s"].append(ready + (time.perf_counter() - stop_from))
     return out
@@ -91,6 +128,19 @@ def rows(res: dict[str, Any]) -> list[Row]:
     e_med = mm(res["engine_s"])[1]
     r_min, r_med = mm(res["restart_s"])
     ratio = r_med / h_med
+    k_min, k_med = mm(res["ttft_kept"])
+    d_min, d_med = mm(res["ttft_dropped"])
+    ttft = Row(
+        bench="serve",
+        name="time to first token after a resize, prefix cache kept / dropped (median)",
+        value=round(k_med / d_med, 3),
+        unit="x",
+        detail=f"a one-token completion sharing a {PREFIX_TOKENS}-token cached prefix, "
+        f"right after a resize 32<->64 blocks: kept median {k_med * 1e3:.1f} ms (min "
+        f"{k_min * 1e3:.1f}, cached tokens {sorted(set(res['cached_kept']))}), dropped "
+        f"{d_med * 1e3:.1f} ms (min {d_min * 1e3:.1f}, cached tokens "
+        f"{sorted(set(res['cached_dropped']))}), {len(res['ttft_kept'])} each, alternating",
+    )
     return [
         Row(
             bench="serve",
@@ -110,6 +160,7 @@ def rows(res: dict[str, Any]) -> list[Row]:
             detail=f"restart (start until /health answers, then stop) median {r_med:.1f} s, "
             f"min {r_min:.1f} s over {len(res['restart_s'])}",
         ),
+        ttft,
     ]
 
 
