@@ -40,6 +40,8 @@ SLOW_FIRST = (
     "tests/vllm/test_resize_multiprocess.py",  # 106 s
     "tests/startup/test_startup_engines.py",  # 110 s (four starts: in-process x2, TP=2, serve)
     "tests/vllm/test_serve_refit.py",  # 65 s (two servers)
+    "tests/vllm/test_resize_warm.py",  # 55 s (v1 and MRv2, in-process)
+    "tests/vllm/test_resize_warm_models.py",  # 50 s (eight models, v1 in-process)
     "tests/vllm/test_kv_sensitivity.py",  # 93 s (six cache kinds, one MRv2 process)
     "tests/vllm/test_stage_spans.py",  # 50 s (two traced engines)
     "tests/vllm/test_mrv2_engineless.py",  # 80 s

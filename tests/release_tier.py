@@ -65,6 +65,19 @@ RELEASE_PROOFS = (
         )
     ),
     "tests/vllm/test_resize_parallel.py::test_a_refit_reaches_every_rank_and_back_equals_a_fresh_engine[v1]",
+    # a resize that keeps the prefix cache == a stock engine of the new size that served the
+    # same requests (grow and shrink), both runners in-process; the carry on vLLM's BlockPool
+    *(
+        f"tests/vllm/test_resize_warm.py::{test}[{runner}"
+        for runner in ("v1", "v2")
+        for test in (
+            "test_a_grow_keeps_the_pool_of_an_engine_of_the_new_size_with_the_same_history",
+            "test_after_a_grow_every_prompt_hits_and_answers_as_the_stock_engine",
+            "test_a_shrink_keeps_the_most_recent_blocks_that_fit_with_their_bytes",
+            "test_after_a_shrink_the_kept_hit_the_evicted_recompute_as_the_stock_engine",
+        )
+    ),
+    "tests/vllm/test_carry_units.py",
     "tests/vllm_plan/test_vllm_plan.py",
     "tests/vllm/test_resize_units.py",  # the scheduler rebuilt == a fresh one; the builder
     "tests/contract/test_compat.py",  # the planning calls bound once, per release

@@ -104,7 +104,7 @@ def _pool(llm: Any, *, stock: bool = False) -> dict[str, Any]:
         hashes[str(b.block_id)] = key
         digest = hashlib.sha256()
         for v in views:
-            digest.update(v[:, b.block_id].contiguous().numpy().tobytes())
+            digest.update(v[:, b.block_id].contiguous().numpy().tobytes())  # int8 views
         contents[key] = digest.hexdigest()
     return {
         "num_blocks": pool.num_gpu_blocks,
