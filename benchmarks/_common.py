@@ -36,16 +36,20 @@ class Row:
 
 
 def alternate(
-    fns: dict[str, Callable[[], Any]], repeats: int, number: int = 1
+    fns: dict[str, Callable[[], Any]], repeats: int, number: int = 1, swap: bool = False
 ) -> dict[str, list[float]]:
     """Time each callable ``number`` times per sample, alternating, ``repeats`` samples.
 
     Returns seconds per call, one value per sample, for each name. Alternating in one run
-    keeps a noisy machine's drift out of the ratios.
+    keeps a noisy machine's drift out of the ratios. ``swap``: reverse the order every other
+    sample (A B, B A, ...), so that neither side always starts from the state the other
+    left (its allocator's free lists, the CPU caches).
     """
     out: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    names = list(fns)
+    for i in range(repeats):
+        for name in reversed(names) if swap and i % 2 else names:
+            fn = fns[name]
             t0 = time.perf_counter()
             for _ in range(number):
                 fn()
@@ -53,15 +57,27 @@ def alternate(
     return out
 
 
+#: glibc's allocator thresholds pinned, for timing sub-millisecond KV re-inits: by default
+#: glibc moves its mmap and trim thresholds as large blocks are freed, so whether a re-init's
+#: new KV buffer reuses freed heap pages or faults in fresh ones (about +0.6 ms for 8 MiB
+#: here) depends on what small allocations lie above it, which differs between two runners.
+#: Pinned, freed KV memory is reused as a GPU's caching allocator reuses it, and the ratio
+#: is the code's own cost. Read at process start: children only.
+STEADY_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+
+
 def paired_ratio(num: list[float], den: list[float]) -> float:
-    """The median of the per-sample ratios ``num[i] / den[i]``, for samples taken in
-    alternation (:func:`alternate`): each pair ran back to back, so a drift of this noisy
-    machine (another process, the CPU's clock) divides out of each ratio, where a ratio of
-    two medians carries it (the KV re-init's ratio of medians moved 1.82 -> 1.05 between two
-    runs; its paired ratio stays within a few percent)."""
-    if len(num) != len(den) or not num:
-        raise ValueError(f"paired samples needed, got {len(num)} and {len(den)}")
-    return statistics.median(n / d for n, d in zip(num, den, strict=True))
+    """The median, over ABBA blocks (samples ``2k`` and ``2k+1`` of :func:`alternate` with
+    ``swap``), of ``sum(num) / sum(den)`` in the block. Each block's samples ran back to
+    back, so a drift of this noisy machine (another process, the CPU's clock) divides out,
+    where a ratio of two medians carries it (the KV re-init's moved 1.82 -> 1.05 between two
+    runs); and each side ran once first and once second in the block, so the cost of
+    following the other side cancels, where single paired ratios split into two modes.
+    """
+    if len(num) != len(den) or len(num) < 2:
+        raise ValueError(f"paired samples needed (two or more), got {len(num)} and {len(den)}")
+    blocks = range(0, len(num) - 1, 2)
+    return statistics.median((num[i] + num[i + 1]) / (den[i] + den[i + 1]) for i in blocks)
 
 
 def mm(samples: list[float]) -> tuple[float, float]:

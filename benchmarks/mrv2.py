@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 
-from ._common import Row, mm, paired_ratio
+from ._common import STEADY_ALLOCATOR, Row, mm, paired_ratio
 from .engine import MAX_RATIO as ENGINE_MAX_RATIO
 from .engine import ROOT, start_once
 
@@ -51,7 +51,11 @@ def kv_samples(pairs: int) -> dict[str, object]:
     """The KV child's samples (first KV phase, re-init per side)."""
     from ._mrv2_kv_child import MARK
 
-    env = {**os.environ, "VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu")}
+    env = {
+        **os.environ,
+        **STEADY_ALLOCATOR,
+        "VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu"),
+    }
     res = subprocess.run(
         [sys.executable, "-m", "benchmarks._mrv2_kv_child", str(pairs)],
         cwd=ROOT,
@@ -128,7 +132,8 @@ def run(smoke: bool = False) -> list[Row]:
                 kv[key],
                 name,
                 limit,
-                f"{pairs} alternated pairs of 5 re-inits, frozen startup heap, {what}",
+                f"{pairs} alternated pairs of 5 re-inits, frozen startup heap, glibc's "
+                f"allocator thresholds pinned, {what}",
             )
         )
     first = kv["first"]
