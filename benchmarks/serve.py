@@ -35,6 +35,7 @@ def _engine_kwargs(blocks: int) -> dict[str, Any]:
 
     kwargs, _ = engine_kwargs(DEFAULT_MODEL, num_gpu_blocks_override=blocks, max_model_len=512)
     kwargs["gpu_memory_utilization"] = 0.2
+    kwargs["enable_prompt_tokens_details"] = True  # cached tokens in the usage
     return kwargs
 
 

@@ -8,7 +8,8 @@ What belongs here: the rank functions :func:`rank_stash`, :func:`rank_unstash` a
 ``offset + l * layer_stride + b * block_stride`` bytes of the one backing allocation
 (``vllm.v1.worker.utils.allocate_kv_cache``, both runners), one page per layer. So a block's
 bytes are found without knowing the attention backend, the layout, or the group kind:
-every tensor is viewed as ``(layers, blocks, page)`` and indexed on the block axis.
+every tensor is viewed as ``(layers, blocks, page)`` and copied on the block axis, one
+strided copy of whole pages per run of consecutive block ids (:func:`runs`).
 Tensors that alias the same bytes (cache groups overlay each other) are copied once.
 
 Why a stash and not both caches alive: the stash holds only the kept blocks, so the peak is
@@ -27,7 +28,7 @@ from ..contract.declare import vllm_uses
 from .rank import _available_memory, _failure, _worker
 from .records import RankStash, RankUnstash
 
-__all__ = ["block_views", "rank_drop_stash", "rank_stash", "rank_unstash"]
+__all__ = ["block_views", "rank_drop_stash", "rank_stash", "rank_unstash", "runs"]
 
 #: where a rank keeps its stash between the two calls (an attribute of vLLM's worker)
 _STASH = "_initpipe_kv_stash"
@@ -86,14 +87,44 @@ def block_views(runner: Any, cfg: Any = None) -> Iterator[tuple[tuple[str, ...],
         yield tuple(t.layers), view
 
 
+def runs(ids: list[int]) -> list[tuple[int, int, int]]:
+    """``ids`` as maximal runs of consecutive ids: ``(position in ids, first id, length)``.
+    A run is one strided copy of whole pages (memory speed); a grow keeps ids, so its kept
+    blocks form few runs."""
+    out: list[tuple[int, int, int]] = []
+    for i, b in enumerate(ids):
+        if out and out[-1][1] + out[-1][2] == b:
+            pos, first, n = out[-1]
+            out[-1] = (pos, first, n + 1)
+        else:
+            out.append((i, b, 1))
+    return out
+
+
+def _gather(view: Any, ids: list[int]) -> Any:
+    """Blocks ``ids`` of a ``(layers, blocks, page)`` view, in that order, as a new tensor."""
+    import torch
+
+    out = torch.empty(
+        (view.shape[0], len(ids), view.shape[2]), dtype=view.dtype, device=view.device
+    )
+    for pos, first, n in runs(ids):
+        out[:, pos : pos + n].copy_(view[:, first : first + n])
+    return out
+
+
+def _scatter(view: Any, ids: list[int], data: Any) -> None:
+    """Write ``data`` (``(layers, len(ids), page)``) into blocks ``ids`` of ``view``."""
+    for pos, first, n in runs(ids):
+        view[:, first : first + n].copy_(data[:, pos : pos + n])
+
+
 def rank_stash(wrapper: Any, old_ids: list[int], need: list[int]) -> dict[str, Any]:
     """Copy blocks ``old_ids`` of this rank's KV cache aside. ``need``: per rank, the new
     cache's bytes. Refused (``refused`` set, nothing kept) where memory does not hold it."""
     worker, rank = _worker(wrapper)
     start = time.perf_counter()
     try:
-        import torch
-
         runner = worker.model_runner
         views = list(block_views(runner))
         size = sum(v.shape[0] * v.shape[2] for _, v in views) * len(old_ids)
@@ -107,8 +138,7 @@ def rank_stash(wrapper: Any, old_ids: list[int], need: list[int]) -> dict[str, A
                 f"{old:,} freed first)"
             )
         else:
-            idx = torch.tensor(old_ids, dtype=torch.long, device=views[0][1].device)
-            setattr(worker, _STASH, [(layers, v.index_select(1, idx)) for layers, v in views])
+            setattr(worker, _STASH, [(layers, _gather(v, old_ids)) for layers, v in views])
         return RankStash(
             rank=rank,
             bytes=0 if refused else size,
@@ -126,21 +156,16 @@ def rank_unstash(wrapper: Any, new_ids: list[int]) -> dict[str, Any]:
     worker, rank = _worker(wrapper)
     start = time.perf_counter()
     try:
-        import torch
-
         stash = getattr(worker, _STASH, None)
         if stash is None:
             raise RuntimeError(f"rank {rank} holds no stash to write back")
         views = dict(block_views(worker.model_runner))
-        idx = None
         written = 0
         for layers, data in stash:
             view = views.get(layers)
             if view is None or view.shape[0] != data.shape[0] or view.shape[2] != data.shape[2]:
                 raise ValueError(f"the new KV cache has no tensor shaped like {layers[0]!r}'s")
-            if idx is None:
-                idx = torch.tensor(new_ids, dtype=torch.long, device=view.device)
-            view.index_copy_(1, idx, data)
+            _scatter(view, new_ids, data)
             written += data.numel() * data.element_size()
         _drop(worker)
         return RankUnstash(rank=rank, bytes=written, seconds=time.perf_counter() - start).to_dict()
