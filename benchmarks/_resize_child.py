@@ -74,16 +74,21 @@ def _fill(llm: Any, prompts: int, seed: int) -> None:
 
 
 def copy_seconds(nbytes: int, repeats: int) -> float:
-    """Median seconds of one copy of ``nbytes`` (int8) into another tensor: memory speed."""
+    """The floor of a carry of ``nbytes`` (int8), median seconds: a new tensor filled with a
+    copy (the stash: its pages are faulted in as it is written), then a copy into an
+    existing tensor (the write into the new cache, already zeroed by its KV phase)."""
     import torch
 
     src = torch.ones(nbytes, dtype=torch.int8)
-    dst = torch.empty_like(src)
+    dst = torch.zeros_like(src)
     samples = []
     for _ in range(repeats):
         t = time.perf_counter()
-        dst.copy_(src)
+        stash = torch.empty_like(src)
+        stash.copy_(src)
+        dst.copy_(stash)
         samples.append(time.perf_counter() - t)
+        del stash
     return statistics.median(samples)
 
 
