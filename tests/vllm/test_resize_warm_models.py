@@ -60,8 +60,7 @@ def _layer_blocks(runner: Any, ids: list[int]) -> dict[str, list[Any]]:
         tensors = list(cache) if isinstance(cache, (list, tuple)) else [cache]
         # as raw bytes: random bytes read as floats hold NaNs, which never compare equal
         out[name] = [
-            group_kernel_blocks(t, num_blocks)[ids].contiguous().view(torch.uint8)
-            for t in tensors
+            group_kernel_blocks(t, num_blocks)[ids].contiguous().view(torch.uint8) for t in tensors
         ]
     return out
 
@@ -105,8 +104,8 @@ def _geometry(llm: Any) -> dict[str, Any]:
 
 
 def _one(name: str, weights_dir: str) -> dict[str, Any]:
-    from vllm import LLM
     from test_resize_warm import _core, _pool, _serve, _stock
+    from vllm import LLM
 
     import initpipe_vllm as ip
     from initpipe_vllm.hook import PIPELINED_WORKER
