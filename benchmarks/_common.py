@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -64,6 +68,31 @@ def alternate(
 #: Pinned, freed KV memory is reused as a GPU's caching allocator reuses it, and the ratio
 #: is the code's own cost. Read at process start: children only.
 STEADY_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+
+
+def child_json(
+    module: str, args: list[str], mark: str, env: Mapping[str, str], what: str, timeout: float
+) -> Any:
+    """Run ``python -m module *args`` from the repository root with ``env``, and return the
+    JSON of its last stdout line starting with ``mark`` (the benchmarks that need a process
+    of their own: an in-process engine, Triton's interpreter, pinned allocator settings).
+
+    Raises:
+        RuntimeError: the child failed or printed no such line (``what`` names it).
+    """
+    res = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=Path(__file__).resolve().parents[1],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith(mark)]
+    if res.returncode != 0 or not lines:
+        raise RuntimeError(f"{what} exited {res.returncode}: {res.stderr[-2000:]}")
+    return json.loads(lines[-1][len(mark) :])
 
 
 def paired_ratio(num: list[float], den: list[float]) -> float:

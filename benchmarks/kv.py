@@ -40,16 +40,12 @@ from __future__ import annotations
 
 import gc
 import itertools
-import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from ._common import STEADY_ALLOCATOR, Row, alternate, mm, paired_ratio
+from ._common import STEADY_ALLOCATOR, Row, alternate, child_json, mm, paired_ratio
 
 #: Target from PRODUCT.md: pipelined KV phase and its re-run <= 1.05x stock.
 MAX_RATIO = 1.05
@@ -197,19 +193,9 @@ def steady_samples(repeats: int) -> dict[str, Any]:
 
     env = {**os.environ, **STEADY_ALLOCATOR}
     env.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    res = subprocess.run(
-        [sys.executable, "-m", "benchmarks._kv_child", str(repeats)],
-        cwd=Path(__file__).resolve().parents[1],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
+    got: dict[str, Any] = child_json(
+        "benchmarks._kv_child", [str(repeats)], MARK, env, "KV child", 900
     )
-    lines = [ln for ln in res.stdout.splitlines() if ln.startswith(MARK)]
-    if res.returncode != 0 or not lines:
-        raise RuntimeError(f"KV child exited {res.returncode}: {res.stderr[-1500:]}")
-    got: dict[str, Any] = json.loads(lines[-1][len(MARK) :])
     return got
 
 

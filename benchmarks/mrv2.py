@@ -14,14 +14,11 @@ Ratios are initpipe/stock of the medians. The v1 runner's figures are in
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
-from ._common import STEADY_ALLOCATOR, Row, mm, paired_ratio
+from ._common import STEADY_ALLOCATOR, Row, child_json, mm, paired_ratio
 from .engine import MAX_RATIO as ENGINE_MAX_RATIO
-from .engine import ROOT, start_once
+from .engine import start_once
 
 #: Targets from the issue: MRv2 engine start <= 1.03x stock, KV phase <= 1.05x.
 KV_MAX_RATIO = 1.05
@@ -56,19 +53,9 @@ def kv_samples(pairs: int) -> dict[str, object]:
         **STEADY_ALLOCATOR,
         "VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu"),
     }
-    res = subprocess.run(
-        [sys.executable, "-m", "benchmarks._mrv2_kv_child", str(pairs)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    data: dict[str, object] = child_json(
+        "benchmarks._mrv2_kv_child", [str(pairs)], MARK, env, "MRv2 KV child", 600
     )
-    lines = [ln for ln in res.stdout.splitlines() if ln.startswith(MARK)]
-    if res.returncode != 0 or not lines:
-        raise RuntimeError(f"MRv2 KV child exited {res.returncode}: {res.stderr[-1500:]}")
-    data: dict[str, object] = json.loads(lines[-1][len(MARK) :])
     return data
 
 

@@ -26,15 +26,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from ._common import Row, mm
+from ._common import Row, child_json, mm
 
-ROOT = Path(__file__).resolve().parents[1]
 FLOOR_FACTOR, FLOOR_SLACK_S = 1.3, 0.050
 MIN_RESTART_RATIO = 20.0
 #: tiny-llama enlarged: >= 200 MB of float32 weights, yet quick to build on 2 cores
@@ -82,21 +79,9 @@ def measure(model: Path, cache: Path, kv_bytes: int, repeats: int, restarts: int
         "INITPIPE_VLLM": "1",
     }
     args = [str(model), str(cache), str(kv_bytes), str(repeats), str(restarts)]
-    res = subprocess.run(
-        [sys.executable, "-m", "benchmarks._refit_child", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
+    return child_json(
+        "benchmarks._refit_child", args, MARK, env, f"refit child ({model.name})", 1800
     )
-    lines = [ln for ln in res.stdout.splitlines() if ln.startswith(MARK)]
-    if res.returncode != 0 or not lines:
-        raise RuntimeError(
-            f"refit child ({model.name}) exited {res.returncode}: {res.stderr[-2000:]}"
-        )
-    return json.loads(lines[-1][len(MARK) :])
 
 
 def _step_medians(receipts: list[dict[str, Any]]) -> dict[str, float]:

@@ -29,16 +29,11 @@ side in one run. Untested on GPU (no GPU with vLLM on the development machines).
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
-from ._common import Row, mm
+from ._common import Row, child_json, mm
 
-ROOT = Path(__file__).resolve().parents[1]
 MIN_RESTART_RATIO = 20.0
 MIN_SHRINK_RETURNED = 0.90
 MIN_RELEASE_RETURNED = 0.95
@@ -65,24 +60,10 @@ def measure(
         from initpipe_vllm.testing import triton_cpu
 
         env = triton_cpu.environ(env)
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks._resize_child",
-            *map(str, (repeats, big, cycles, *warm)),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        check=False,
+    args = [str(a) for a in (repeats, big, cycles, *warm)]
+    got: dict[str, Any] = child_json(
+        "benchmarks._resize_child", args, MARK, env, f"resize child ({runner})", 1200
     )
-    lines = [ln for ln in res.stdout.splitlines() if ln.startswith(MARK)]
-    if res.returncode != 0 or not lines:
-        raise RuntimeError(f"resize child ({runner}) exited {res.returncode}: {res.stderr[-2000:]}")
-    got: dict[str, Any] = json.loads(lines[-1][len(MARK) :])
     if got["model_runner"] != runner:
         raise RuntimeError(f"the {runner} resize child ran runner {got['model_runner']!r}")
     return got
