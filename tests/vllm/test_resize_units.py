@@ -19,7 +19,7 @@ import pytest
 import initpipe_vllm as ip
 from initpipe_vllm import KVCacheReleasedError, ResizeError, ResizeRefusedError
 from initpipe_vllm.resize.engine import error_from_dict
-from initpipe_vllm.resize.report import KVCacheInfo, RankReport, ResizeReport
+from initpipe_vllm.resize.report import KVCacheInfo, PrefixCacheCarry, RankReport, ResizeReport
 
 
 class _NotAnEngine:
@@ -36,6 +36,7 @@ class _NotAnEngine:
         ({"num_blocks": True}, r"num_blocks=True"),
         ({"kv_cache_memory_bytes": -1}, r"kv_cache_memory_bytes=-1"),
         ({"num_blocks": 8, "mode": "soon"}, r"mode='soon': expected 'wait'"),
+        ({"num_blocks": 8, "keep_prefix_cache": "yes"}, r"keep_prefix_cache='yes': expected"),
     ],
 )
 def test_bad_arguments_are_refused_before_the_engine_is_touched(
@@ -64,8 +65,15 @@ def _report() -> ResizeReport:
         bytes_allocated=12 << 17,
         total_s=0.2,
         steps={"pause": 0.01, "teardown": 0.05},
-        ranks=(RankReport(rank=0, bytes_freed=24 << 17, bytes_allocated=12 << 17, rss_after=5),),
+        ranks=(
+            RankReport(
+                rank=0, bytes_freed=24 << 17, bytes_allocated=12 << 17, rss_after=5, stash_bytes=7
+            ),
+        ),
         requests_aborted=("r1",),
+        prefix_cache=PrefixCacheCarry(
+            kept=True, cached_before=8, blocks_kept=5, blocks_evicted=3, bytes_copied=5 << 17
+        ),
     )
 
 
@@ -86,6 +94,7 @@ def test_reports_travel_as_plain_data_and_come_back_equal() -> None:
     assert KVCacheInfo.from_dict(json.loads(json.dumps(info.to_dict()))) == info
     text = str(rep)
     assert "resize (abort): 24 -> 12 blocks" in text and "aborted: r1" in text
+    assert "prefix cache kept: 5 of 8 cached blocks (3 evicted, 0.62 MiB copied" in text
 
 
 def test_errors_keep_their_facts_across_processes() -> None:
@@ -404,6 +413,23 @@ def test_resize_release_and_resume_are_step_lists_on_the_driver() -> None:
     }
     undo = TRANSACTIONS["resize"].steps[0].undo
     assert TRANSACTIONS["resume"].steps[0].undo is undo
+
+
+def test_a_resize_that_keeps_the_prefix_cache_sets_blocks_aside_and_writes_them_back() -> None:
+    """The resize's steps with the carry before the teardown and the write-back after the
+    warm-up (which may write into the new cache), before the scheduler's pool is rebuilt."""
+    from initpipe_vllm.resize.steps import RESIZE, WARM_RESIZE
+
+    assert WARM_RESIZE.name == RESIZE.name == "resize"
+    assert [(s.name, s.undo is not None) for s in WARM_RESIZE.steps] == [
+        ("carry", True),
+        ("teardown", True),
+        ("kv_phase", False),
+        ("warmup", False),
+        ("unstash", False),
+        ("scheduler", False),
+    ]
+    assert WARM_RESIZE.steps[1].undo is not RESIZE.steps[0].undo  # writes the stash back
 
 
 def test_rank_records_cross_as_plain_data_and_a_failure_reads_back_as_one() -> None:
