@@ -8,11 +8,13 @@ cache that undoes them, the two commits — and the three transactions built fro
 :data:`RESIZE`, :data:`RELEASE`, :data:`RESUME`. Checks and planning come before (and the
 ``EngineCore`` patch around) in :mod:`.engine`.
 
-A new live change is a new step list: a weight refit would be a pause, a reload step and a
-warm-up on :class:`~.txn.Transaction`; a resize that keeps the prefix cache would pause
-without resetting the prefix cache, build the new cache while the old one is alive (the
-core's ``Run.prepare_kv_cache``, whose ``KVHandoff.peak_bytes`` says what both cost), copy,
-then commit — and fall back to these steps (free first) where memory does not hold both.
+A new live change is a new step list: the weight refit (:mod:`.refit_core`) is one, and so
+is :data:`WARM_RESIZE`, the resize that keeps the prefix cache: its pause leaves the cache
+alone, its ``carry`` step sets the kept blocks aside on every rank (:mod:`.kv_copy`; the
+plan is :mod:`.carry`'s), its ``unstash`` step writes them into the new cache after the
+warm-up, and the scheduler step rebuilds the pool to hold them. It sets aside only the kept
+blocks rather than building the new cache beside the old one (the core's
+``Run.prepare_kv_cache``): the peak is the larger cache plus the kept bytes, not both caches.
 No step imports vLLM: what they need of it (vLLM's ``PauseState.PAUSED_ALL``, the
 ``collective_rpc`` call) arrives on the context from :func:`~.engine.resize`, which
 declares those uses (the contract).
