@@ -12,9 +12,10 @@ depend on the KV cache, also runs stock vLLM on the same config, and exits 1 unl
 tokens, logprobs and runner snapshot (:func:`~initpipe_vllm.snapshot.runner_snapshot`)
 match and the workload saw the KV cache, printing what differs. ``--resize 32,128,64``
 (seeded weights too) resizes the running engine's KV cache to each block count in turn
-after the first generation (:func:`initpipe_vllm.resize_kv_cache`), prints each report and
+after the first generation (:func:`initpipe_vllm.resize_kv_cache` with
+``keep_prefix_cache=False``: the oracle is a fresh engine), prints each report and
 generates again, then starts a fresh stock engine of each size and exits 1 unless the
-tokens and logprobs are the same. Every stock engine starts with the ``INITPIPE_VLLM``
+tokens, logprobs and prefix-cache hits are the same. Every stock engine starts with the ``INITPIPE_VLLM``
 opt-in unset (:func:`~initpipe_vllm.testing.stock.stock_environment`) and is checked to run
 vLLM's own runner on every rank; one that does not ends the run with ``Error:`` and exit 1.
 ``--model-runner v1|v2`` picks vLLM's runner (default: vLLM's choice); ``v2`` on a machine
@@ -436,7 +437,8 @@ def _resize_steps(llm: Any, task: str, counts: list[int]) -> list[tuple[int, Any
     out = []
     for n in counts:
         _say(f"\n--resize: {kv_cache_info(llm).num_blocks} -> {n} blocks")
-        report = resize_kv_cache(llm, num_blocks=n)
+        # the oracle is a fresh engine of that size: its prefix cache starts empty
+        report = resize_kv_cache(llm, num_blocks=n, keep_prefix_cache=False)
         _say(str(report))
         workload = run_workload(llm, task, salt=2)
         _print_outputs(task, workload)
