@@ -571,6 +571,7 @@ def test_the_reports_and_info_describe_each_resize(result: Any) -> None:
         assert set(rep["steps"]) == {
             "plan",
             "pause",
+            "carry",  # 0 here: these resizes empty the prefix cache
             "teardown",
             "kv_phase",
             "warmup",
@@ -578,7 +579,8 @@ def test_the_reports_and_info_describe_each_resize(result: Any) -> None:
             "resume",
         }
         assert 0 < sum(rep["steps"].values()) <= rep["total_s"]
-        assert rep["steps"]["plan"] > 0
+        assert rep["steps"]["plan"] > 0 and rep["steps"]["carry"] == 0
+        assert rep["prefix_cache"]["reason"] == "keep_prefix_cache=False"
         rank = rep["ranks"][0]
         assert rank["rss_torn_down"] is not None and rank["rss_after"] is not None
         assert rep["ranks"][0]["kv_phase_s"] > 0
