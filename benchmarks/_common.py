@@ -103,8 +103,10 @@ def paired_ratio(num: list[float], den: list[float]) -> float:
     runs); and each side ran once first and once second in the block, so the cost of
     following the other side cancels, where single paired ratios split into two modes.
     """
-    if len(num) != len(den) or len(num) < 2:
-        raise ValueError(f"paired samples needed (two or more), got {len(num)} and {len(den)}")
+    if len(num) != len(den) or not num:
+        raise ValueError(f"paired samples needed, got {len(num)} and {len(den)}")
+    if len(num) == 1:  # a smoke run's single sample
+        return num[0] / den[0]
     blocks = range(0, len(num) - 1, 2)
     return statistics.median((num[i] + num[i + 1]) / (den[i] + den[i + 1]) for i in blocks)
 
