@@ -17,7 +17,7 @@ Llama (dummy weights, eager, float32) and:
   KV bytes, then ``torch.zeros`` of the new bytes;
 - resizes 128 <-> 96 blocks keeping the prefix cache and dropping it, alternating, with 64
   one-block prefixes cached before each (16 with ``--smoke``): the ratio, the carry step
-  against its floor (the kept bytes copied into a new tensor, then into an existing one,
+  against its floor (the kept bytes copied into fresh pages, then into an existing tensor,
   same process), and the peak KV bytes of each.
 
 Goals (issues): each resize within 1.3x its floor + 20 ms, on both runners; resize >= 20x
@@ -176,8 +176,8 @@ def warm_rows(res: dict[str, Any], runner: str) -> list[Row]:
             detail=f"kept median {k_med * 1e3:.2f} ms, dropped {d_med * 1e3:.2f} ms over "
             f"{len(kept)}+{len(dropped)} resizes, {pc['blocks_kept']} cached blocks kept "
             f"({pc['bytes_copied'] / mib:.1f} MiB); the carry step median {carry * 1e3:.2f} ms "
-            f"vs its floor {warm['copy_s'] * 1e3:.2f} ms (the same bytes copied into a new "
-            "tensor, then into an existing one, same process); "
+            f"vs its floor {warm['copy_s'] * 1e3:.2f} ms (the same bytes copied into fresh "
+            "pages, then into an existing tensor, same process); "
             f"peak KV bytes {peak_plain / mib:.1f} MiB dropping, "
             f"{(peak_plain + rank['stash_bytes']) / mib:.1f} MiB keeping (both caches alive "
             f"would be {(last['bytes_freed'] + last['bytes_allocated']) / mib:.1f} MiB)",
