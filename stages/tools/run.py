@@ -15,9 +15,10 @@ match and the workload saw the KV cache, printing what differs. ``--resize 32,12
 after the first generation (:func:`initpipe_vllm.resize_kv_cache` with
 ``keep_prefix_cache=False``: the oracle is a fresh engine), prints each report and
 generates again, then starts a fresh stock engine of each size and exits 1 unless the
-tokens, logprobs and prefix-cache hits are the same. Every stock engine starts with the ``INITPIPE_VLLM``
-opt-in unset (:func:`~initpipe_vllm.testing.stock.stock_environment`) and is checked to run
-vLLM's own runner on every rank; one that does not ends the run with ``Error:`` and exit 1.
+tokens, logprobs and prefix-cache hits are the same. Every stock engine starts with the
+``INITPIPE_VLLM`` opt-in unset (:func:`~initpipe_vllm.testing.stock.stock_environment`) and
+is checked to run vLLM's own runner on every rank; one that does not ends the run with
+``Error:`` and exit 1.
 ``--model-runner v1|v2`` picks vLLM's runner (default: vLLM's choice); ``v2`` on a machine
 without a GPU runs Model Runner V2 through Triton's interpreter
 (:mod:`initpipe_vllm.testing.triton_cpu`) and says so.
