@@ -47,8 +47,10 @@ Importing this package imports neither torch nor vllm, so the graph can be drawn
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
+from . import _import_time  # first: when this package's import began
 from .catalogs import base_catalog, catalog
 from .errors import (
     CatalogError,
@@ -131,3 +133,4 @@ __all__ = [
     *RESIZE_API,
     *(n for n in _v1_names if n not in ("CATALOG", "INITPIPE_INPUTS", "STAGES")),
 ]
+_import_time.ENDED_S = time.time()

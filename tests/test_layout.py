@@ -128,7 +128,7 @@ VLLM_LAYERS = [
     (r"initpipe_vllm\.releases\.\w+$", (0, 3)),
     (r"initpipe_vllm\.(v1|mrv2)\b", (0, 2)),
     (r"initpipe_vllm\.(catalogs|releases)$", (0, 1)),
-    (r"initpipe_vllm\.(errors|vllm_names)$", (0, 0)),
+    (r"initpipe_vllm\.(errors|vllm_names|_import_time)$", (0, 0)),
     (r"initpipe_vllm$", (0, 4)),
 ]
 #: The catalog packages: siblings at the catalog level.

@@ -42,6 +42,8 @@ from ..contract.declare import vllm_uses
 __all__ = ["ENV_VAR", "install", "interval", "process_start_s"]
 
 ENV_VAR = "INITPIPE_STARTUP_MARKS"
+#: The named interval of installing these marks and the probes (the measurement's own cost).
+PROBES_INSTALL = "initpipe start-up probes"
 _CONFIG = "vllm.engine.arg_utils:EngineArgs.create_engine_config"
 _installed_pid: int | None = None
 #: When this process first started building its engine config (None: not yet).
@@ -91,14 +93,25 @@ def install() -> None:
     _installed_pid = os.getpid()
     now = time.time()
     _time_config()
+    from . import probes
+
+    probes.install(_write)
     flush = _install_flush()
+    interval(PROBES_INSTALL, now, time.time())
+    created = process_start_s()
+    from .. import _import_time
+
+    started, ended = _import_time.STARTED_S, _import_time.ENDED_S
+    if isinstance(started, float) and isinstance(ended, float):
+        if created is None or started >= created:  # not a forked parent's
+            interval("import initpipe", started, ended)
     _write(
         {
             "kind": "process",
             "pid": os.getpid(),
             "ppid": os.getppid(),
             "argv": sys.argv[:4],
-            "create_s": process_start_s(),
+            "create_s": created,
             "plugins_s": now,
             "flush": flush,
         }
@@ -152,6 +165,9 @@ def _flush() -> None:
     try:
         from opentelemetry import trace
 
+        from . import probes
+
+        probes.emit_collections()  # the garbage collections timed so far
         provider = trace.get_tracer_provider()
         flush = getattr(provider, "force_flush", None)
         ok = bool(flush(30_000)) if flush is not None else True

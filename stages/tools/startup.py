@@ -107,6 +107,13 @@ def build_parser() -> Parser:
         help="initpipe's pipelined worker (default) or vLLM's own",
     )
     run.add_argument(
+        "--model-runner",
+        choices=("auto", "v1", "v2"),
+        default="auto",
+        help="vLLM's model runner: auto (vLLM decides), v1, or v2 (Model Runner V2; on a "
+        "machine without a GPU through Triton's interpreter, a test device)",
+    )
+    run.add_argument(
         "--first-token",
         action="store_true",
         help="also wait for one request's first token and report it",
@@ -291,7 +298,23 @@ def _env(args: Any, rx: Receiver, marks: Path) -> dict[str, str]:
         from ..hook.parallel import default_cpu_thread_binding
 
         default_cpu_thread_binding(args.tensor_parallel_size, env)
+    if args.model_runner == "v1":
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    elif args.model_runner == "v2":
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+        if _test_device(args):
+            from ..testing.triton_cpu import environ
+
+            env = environ(env)
     return env
+
+
+def _test_device(args: Any) -> str | None:
+    """The test device a start runs on, or None: Model Runner V2 on a machine without a
+    GPU runs through Triton's interpreter (:mod:`initpipe_vllm.testing.triton_cpu`)."""
+    if args.model_runner == "v2" and os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
+        return "Triton's interpreter (initpipe_vllm.testing.triton_cpu, a test device)"
+    return None
 
 
 def _llm_kwargs(args: Any, rx: Receiver, model: Path, extra: dict[str, Any]) -> dict[str, Any]:
@@ -466,6 +489,8 @@ def _run(args: Any) -> int:
         "mode": "serve" if args.serve else "in-process" if args.in_process else "own-process",
         "tensor_parallel_size": args.tensor_parallel_size,
         "worker": args.worker,
+        "model_runner": args.model_runner,
+        "test_device": _test_device(args),
         "model": str(args.model),
         "weights": args.weights,
         "first_token": bool(args.first_token),
@@ -491,6 +516,8 @@ def _start_and_report(
             f"initpipe startup: starting vLLM ({placement['mode']}, TP={args.tensor_parallel_size}"
             f", {args.worker} worker), spans to {rx.endpoint}"
         )
+        if placement["test_device"]:
+            _say(f"  Model Runner V2 on a CPU: its kernels run through {placement['test_device']}")
         started = _launch(args, rx, work, model, extra)
         from ..hook.marks import process_start_s
 

@@ -39,10 +39,15 @@ def _placement(report: dict[str, Any]) -> str:
     p = report.get("placement") or {}
     if "mode" not in p:
         return f"spans from {p.get('source', 'a trace')}"
-    return (
+    runner = p.get("model_runner") or "auto"
+    text = (
         f"{p['mode']}, TP={p.get('tensor_parallel_size', 1)}, {p.get('worker', '?')} worker, "
-        f"model {p.get('model', '?')}"
+        + ("" if runner == "auto" else f"model runner {runner}, ")
+        + f"model {p.get('model', '?')}"
     )
+    if p.get("test_device"):
+        text += f"\n  (Model Runner V2 through {p['test_device']})"
+    return text
 
 
 def _by_id(report: dict[str, Any]) -> dict[str, dict[str, Any]]:

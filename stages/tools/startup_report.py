@@ -52,6 +52,8 @@ from typing import Any
 import attrs
 
 from ..contract.declare import vllm_uses
+from ..hook.probes import PROBES
+from ..hook.probes import SCOPE as PROBE_SCOPE
 from .otlp import Span
 
 __all__ = [
@@ -75,9 +77,11 @@ PHASES = (
     "KV planning",
     "KV init",
     "warm-up, compile, capture",
+    "scheduler",
     "handshake",
     "API server",
     "first token",
+    "garbage collection",
     "other",
 )
 
@@ -136,12 +140,21 @@ SPAN_PHASES: dict[str, str] = {
 }
 assert set(SPAN_SITES) <= set(SPAN_PHASES) and set(SPAN_PHASES.values()) <= set(PHASES)
 
+#: The phases of the probes that time what happens anywhere (not one function).
+_TIMED_PHASES = {"gc": "garbage collection", "import": "imports and config"}
+
+#: A span's source by its instrumentation scope: initpipe's stages, initpipe's probes
+#: (:mod:`initpipe_vllm.hook.probes`), else vLLM's own.
+_SOURCES = {"initpipe": "initpipe", PROBE_SCOPE: "probe"}
+
 #: Named intervals (initpipe's measurements where no span exists) and their phases.
 INTERVAL_PHASES = {
     "interpreter start": "imports and config",
     "import vllm": "imports and config",
     "engine config": "imports and config",
     "engine arguments": "imports and config",
+    "import initpipe": "imports and config",
+    "initpipe start-up probes": "other",
     "start and imports": "process start",
     "first token": "first token",
 }
@@ -163,6 +176,10 @@ def phase_of(source: str, kind: str, name: str, attributes: Mapping[str, Any], p
         if name == "start and imports" and process.startswith(("frontend", "api server")):
             return "imports and config"
         return INTERVAL_PHASES.get(name, "other")
+    if source == "probe":
+        phase = attributes.get("initpipe.probe.phase")
+        timed = _TIMED_PHASES.get(str(attributes.get("initpipe.probe")), "other")
+        return str(phase) if phase in PHASES else timed
     if source == "initpipe":
         phase = attributes.get("initpipe.phase")
         return {"model": "KV planning", "kv_cache_config": "KV init"}.get(str(phase), "other")
@@ -346,7 +363,7 @@ def build(
         seen_spans.add(key)
         pid = _pid(s.resource)
         _, _, rank = proc_of_pid[pid]
-        source = "initpipe" if s.scope == "initpipe" else "vllm"
+        source = _SOURCES.get(s.scope, "vllm")
         if source == "initpipe" and isinstance(s.attributes.get("initpipe.rank"), int):
             rank = rank if rank is not None else s.attributes["initpipe.rank"]
         uid = s.span_id if s.span_id not in raw else f"{s.span_id}.{len(raw[s.span_id])}"
@@ -390,6 +407,7 @@ def build(
         if anchor is not None:  # creation times are 10 ms ticks: not before the spawning span
             floor = nodes[anchor].start
             own = [(max(a, floor) if floor - a < _TICK else a, b, name) for a, b, name in own]
+        made = []
         for i, (a, b, name) in enumerate(sorted(own)):
             node = _Node(
                 id=f"i{pid}-{i}",
@@ -403,6 +421,19 @@ def build(
                 end=max(a, b),
             )
             nodes[node.id] = node
+            made.append(node)
+        for node in made:  # one interval inside another (initpipe imported at interpreter start)
+            holding = [
+                h
+                for h in made
+                if h is not node
+                and h.name != FIRST_TOKEN
+                and h.start <= node.start
+                and node.end <= h.end
+                and (h.end - h.start, h.start) > (node.end - node.start, node.start)
+            ]
+            if holding and node.name != FIRST_TOKEN:
+                node.parent = min(holding, key=lambda h: h.end - h.start).id
     # a process started under no span (a subprocess of vLLM's own): its intervals go
     # under what its parent process was doing when it was created
     for pid, header in headers.items():
@@ -427,6 +458,7 @@ def build(
             host = min(holding, key=lambda n: n.end - n.start)
             for n in mine:
                 n.parent = host.id
+    _nest_probes_in_intervals(nodes)
     for n in nodes.values():
         n.phase = phase_of(n.source, n.kind, n.name, n.attributes, n.process)
 
@@ -444,13 +476,12 @@ def build(
     ]
     t_end = (ready_s - t0) if ready_s is not None else max(startup_ends, default=0.0)
     _link(nodes)
-    leaves = [n for n in nodes.values() if not n.children]
     window = (0.0, t_end)
-    covered = _clip(
-        _union((n.start, n.end) for n in nodes.values() if not n.children or n.kind == "interval"),
+    covered = _clip(_union((n.start, n.end) for n in nodes.values() if _covers(n)), *window)
+    covered_spans = _clip(
+        _union((n.start, n.end) for n in nodes.values() if n.kind == "span" and _covers(n)),
         *window,
     )
-    covered_spans = _clip(_union((n.start, n.end) for n in leaves if n.kind == "span"), *window)
     gaps = _minus(window, covered)
     roots = [n for n in nodes.values() if n.timing_parent is None and n.name not in _REQUEST]
     path = _chain(roots, 0.0, t_end)
@@ -515,6 +546,93 @@ def build(
             if n.status == "error"
         ],
         "incomplete": list(incomplete),
+        "sources": _sources(nodes.values(), window),
+        "probes": _probes(marks, label_of),
+    }
+
+
+def _timed(n: _Node) -> bool:
+    """An import's or a garbage collection's span: it times what happened inside another
+    step, wherever it happened; it is not a step of the start."""
+    return n.source == "probe" and n.attributes.get("initpipe.probe") in _TIMED_PHASES
+
+
+def _covers(n: _Node) -> bool:
+    """Whether all of a node's time is attributed: a named interval, an import's or a
+    garbage collection's span (what runs inside an import is the import), or a span with
+    no step inside (a leaf: nothing but imports or collections inside it)."""
+    return n.kind == "interval" or _timed(n) or all(_timed(c) for c in n.children)
+
+
+def _sources(nodes: Iterable[_Node], window: tuple[float, float]) -> dict[str, Any]:
+    """Per kind of measurement (vLLM's spans, initpipe's probes, initpipe's stages, its
+    named intervals): how many, and how much of the window their leaves cover."""
+    out: dict[str, Any] = {}
+    for key in ("vllm", "probe", "initpipe", "interval"):
+        mine = [
+            n
+            for n in nodes
+            if (n.kind == "interval" if key == "interval" else (n.kind, n.source) == ("span", key))
+        ]
+        leaves = [(n.start, n.end) for n in mine if _covers(n)]
+        out[key] = {"count": len(mine), "leaf_s": _r(_length(_clip(_union(leaves), *window)))}
+    return out
+
+
+def _nest_probes_in_intervals(nodes: Mapping[str, _Node]) -> None:
+    """Where the probes' spans go, so that their time counts once.
+
+    A garbage collection's or an import's span goes under the innermost span or named
+    interval of its process that holds it (it was sent later, under the span current when
+    it began: an import that started a collection holds it too, and one made where the
+    process had no span, during its own imports, belongs in that interval). Any other
+    probe's span without a parent in its process goes under the interval holding it."""
+    mine: dict[str, list[_Node]] = defaultdict(list)
+    for n in nodes.values():
+        if n.name not in _REQUEST:
+            mine[n.process].append(n)
+    for n in nodes.values():
+        if n.source != "probe":
+            continue
+        timed = n.attributes.get("initpipe.probe") in _TIMED_PHASES
+        parent = nodes.get(n.parent) if n.parent else None
+        if not timed and parent is not None and parent.process == n.process:
+            continue
+        holding = [
+            h
+            for h in mine[n.process]
+            if h is not n
+            and (timed or h.kind == "interval")
+            and h.start - _SLACK <= n.start
+            and n.end <= h.end + _SLACK
+            and (h.end - h.start, h.start) > (n.end - n.start, n.start)  # no cycles
+        ]
+        if holding:
+            n.parent = min(holding, key=lambda h: h.end - h.start).id
+
+
+def _probes(marks: Sequence[Mapping[str, Any]], label_of: Mapping[Any, str]) -> dict[str, Any]:
+    """What the probes did: the declared targets, those installed in some process, those
+    no process could find (with why), those never loaded (their module was not imported)."""
+    installed: set[str] = set()
+    missing: dict[str, dict[str, Any]] = {}
+    for rec in marks:
+        if rec.get("kind") != "probe":
+            continue
+        target = str(rec.get("target"))
+        if rec.get("status") == "installed":
+            installed.add(target)
+        else:
+            entry = missing.setdefault(
+                target, {"target": target, "error": str(rec.get("error", "")), "processes": []}
+            )
+            entry["processes"].append(label_of.get(rec.get("pid"), f"pid {rec.get('pid')}"))
+    declared = [p.target for p in PROBES]
+    return {
+        "declared": declared,
+        "installed": sorted(installed),
+        "missing": sorted(missing.values(), key=lambda m: m["target"]),
+        "not_loaded": [t for t in declared if t not in installed and t not in missing],
     }
 
 

@@ -17,14 +17,14 @@ from requires import installed
 from spans_kit import T0, own_process_start
 from waiting import HANG_S
 
-from initpipe_vllm.hook import marks
+from initpipe_vllm.hook import marks, probes
 from initpipe_vllm.tools.otlp import ReceiverError, from_json, read, to_json
 from initpipe_vllm.tools.startup import main, read_marks
 from initpipe_vllm.tools.startup_report import build
 
 FLUSH_SCRIPT = textwrap.dedent(
     """
-    import os, signal, sys, time
+    import json, os, signal, sys, time
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -44,7 +44,7 @@ FLUSH_SCRIPT = textwrap.dedent(
     flushed = os.path.join(os.environ["INITPIPE_STARTUP_MARKS"], f"flushed-{os.getpid()}.json")
     while not os.path.exists(flushed):  # the handler's thread writes it once flushed
         time.sleep(0.01)
-    print([s.name for s in exporter.get_finished_spans()])
+    print(json.dumps([(s.name, s.instrumentation_scope.name) for s in exporter.get_finished_spans()]))
     """
 )
 
@@ -61,13 +61,20 @@ def test_marks_and_the_flush_on_request(tmp_path: Path) -> None:
         timeout=120,
     )
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "['ended before the flush']"
+    sent = json.loads(res.stdout)
+    # the script's span; the probes' (the imports the flush itself made) under their scope
+    assert [name for name, scope in sent if scope != probes.SCOPE] == ["ended before the flush"]
+    assert all(name.startswith(probes.IMPORT_SPAN) for name, scope in sent if scope == probes.SCOPE)
     records = read_marks(tmp_path)
     (header,) = [r for r in records if r["kind"] == "process"]
     assert header["flush"] is True and header["create_s"] <= header["plugins_s"]
-    assert [(r["name"], r["start_s"], r["end_s"]) for r in records if r["kind"] == "interval"] == [
-        ("my interval", 1.0, 2.0)
-    ]
+    intervals = {r["name"]: (r["start_s"], r["end_s"]) for r in records if r["kind"] == "interval"}
+    assert intervals.pop("my interval") == (1.0, 2.0)
+    # the package was imported in this process before install(): its import is named, and
+    # so is installing the marks and probes
+    assert set(intervals) == {"import initpipe", marks.PROBES_INSTALL}
+    for start, end in intervals.values():
+        assert header["create_s"] - 0.02 <= start <= end
     (answer,) = tmp_path.glob("flushed-*.json")
     assert json.loads(answer.read_text())["ok"] is True
     assert {r["pid"] for r in records} == {header["pid"]}
@@ -92,11 +99,14 @@ QUIET_SCRIPT = textwrap.dedent(
 
     from initpipe_vllm.hook import marks
 
+    import gc
+    finders, callbacks = list(sys.meta_path), list(gc.callbacks)
     marks.interval("x", 1.0, 2.0)
     marks.install()
     print(json.dumps({
         "sigusr1_default": signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL,
         "config_wrapped": EngineArgs.create_engine_config is not original,
+        "probes": sys.meta_path != finders or gc.callbacks != callbacks,
     }))
     """
 )
@@ -119,7 +129,11 @@ def test_marks_do_nothing_unless_asked(tmp_path: Path) -> None:
         timeout=HANG_S,
     )
     assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout) == {"sigusr1_default": True, "config_wrapped": False}
+    assert json.loads(res.stdout) == {
+        "sigusr1_default": True,
+        "config_wrapped": False,
+        "probes": False,
+    }
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == sorted(places)
 
 
@@ -163,8 +177,8 @@ def test_the_config_timer_times_vllms_engine_config(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["configs"] == [True, True] and out["max_model_len"] == [256, 256]
-    timed = [r for r in read_marks(tmp_path) if r["kind"] == "interval"]
-    assert [r["name"] for r in timed] == ["engine config", "engine config"]
+    timed = [r for r in read_marks(tmp_path) if r.get("name") == "engine config"]
+    assert len(timed) == 2
     assert timed[0]["start_s"] == out["started_s"]
     assert all(r["start_s"] < r["end_s"] for r in timed)
     assert timed[0]["end_s"] <= timed[1]["start_s"]
