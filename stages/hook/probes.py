@@ -37,7 +37,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -87,6 +87,7 @@ class Probe:
 _CORE = "vllm.v1.engine.core"
 _WORKER = "vllm.v1.worker.gpu_worker:Worker"
 _CPU = "vllm.v1.worker.cpu_worker:CPUWorker"
+_API = "vllm.entrypoints.launchers.api_server.entry"
 
 #: The probed functions: the steps of a start that run under no span of vLLM's own.
 PROBES: tuple[Probe, ...] = (
@@ -127,6 +128,26 @@ PROBES: tuple[Probe, ...] = (
         "the GPU worker's memory profile",
     ),
     Probe(f"{_CORE}:freeze_gc_heap", "garbage collection", "the engine core's GC freeze"),
+    Probe(
+        f"{_API}:build_app",
+        "API server",
+        "the OpenAI server's FastAPI app and its routers",
+    ),
+    Probe(
+        f"{_API}:init_app_state",
+        "API server",
+        "the OpenAI server's serving objects (models, renderers, handlers)",
+    ),
+    Probe(
+        "vllm.entrypoints.launchers.launcher:NoSignalServer.startup",
+        "API server",
+        "uvicorn's start-up (the app's lifespan, then listening), until it accepts requests",
+    ),
+    Probe(
+        "vllm.entrypoints.launchers.utils.server_utils:freeze_gc_heap",
+        "garbage collection",
+        "the OpenAI server's GC freeze when its app starts",
+    ),
     Probe(
         "vllm.v1.core.sched.scheduler:Scheduler.__init__",
         "scheduler",
@@ -315,17 +336,21 @@ class _Finder(importlib.abc.MetaPathFinder):
                 if depth == 0 and took >= IMPORT_MIN_NS:
                     _imports.append((os.getpid(), wall, wall + took, module.__name__, ctx))
             if module.__name__ in _waiting:
-                _patch_module(module)
+                _patch_module(module)  # records, never raises
 
         return exec_timed
 
 
 @vllm_uses("startup", calls=tuple(p.target for p in PROBES))
-def install(record: Callable[[dict[str, Any]], None] | None = None) -> None:
-    """Install every probe in this process, once (a no-op after the first call).
+def install(
+    record: Callable[[dict[str, Any]], None] | None = None,
+    probes: Sequence[Probe] = PROBES,
+) -> None:
+    """Install the probes in this process, once (a no-op after the first call).
 
     ``record`` writes one marks record (:func:`.marks._write`); each probe writes
     ``{"kind": "probe", "target", "status": "installed"|"missing"}`` when its module loads.
+    ``probes``: :data:`PROBES` (tests give others).
     """
     global _installed_pid, _record
     with _lock:
@@ -335,7 +360,7 @@ def install(record: Callable[[dict[str, Any]], None] | None = None) -> None:
         if record is not None:
             _record = record
         _waiting.clear()
-        for probe in PROBES:
+        for probe in probes:
             _waiting.setdefault(probe.module, []).append(probe)
         loaded = [m for m in _waiting if m in sys.modules]
         if not any(isinstance(f, _Finder) for f in sys.meta_path):
@@ -360,10 +385,13 @@ _imports: list[tuple[int, int, int, str, Any]] = []
 
 
 def _current_context() -> Any:
+    """The current span's context, or None (none, or OpenTelemetry not imported yet, or
+    being imported right now)."""
     trace = sys.modules.get("opentelemetry.trace")
-    if trace is None:
+    try:
+        ctx = trace.get_current_span().get_span_context()  # type: ignore[union-attr]
+    except Exception:  # a measurement must never stop vLLM
         return None
-    ctx = trace.get_current_span().get_span_context()
     return ctx if ctx.is_valid else None
 
 

@@ -46,7 +46,7 @@ from ..vllm_names import MRV2_RUNNER as _RUNNER
 from ..vllm_names import MRV2_RUNNER_MODULE as _MRV2_LOGGER
 from ..vllm_names import MRV2_TEARDOWN as _TEARDOWN
 from . import adapter
-from .progress import log_phase
+from .progress import log_phase, phase_spans
 
 __all__ = [
     "DELIBERATE_TEARDOWN_DIFFERENCES",
@@ -549,7 +549,10 @@ class PipelinedRunnerV2Mixin(adapter.PipelineHost):
                 speculator=self.speculator,  # type: ignore[attr-defined]
                 runner_settings=RunnerV2Settings.from_runner(self),
             ) as run:
-                return dict(self._initpipe_phase(run.load)["kv_cache_spec"])
+                spec = dict(self._initpipe_phase(run.load)["kv_cache_spec"])
+            # its stage's span now, under the span of the step that asked for it
+            phase_spans(self.initpipe_trace, "model", self._initpipe_rank())
+            return spec
 
     @vllm_uses(
         "catalog_mrv2",

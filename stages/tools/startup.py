@@ -50,6 +50,8 @@ CHILD = Path(__file__).resolve().parent / "_startup_child.py"
 #: ms between the batch exports of each process: spans arrive while the processes live
 BATCH_DELAY_MS = "200"
 _FLUSH_TIMEOUT_S = 60.0
+#: s between two checks for ready: how late a server's ready can be seen (its /health)
+_POLL_S = 0.02
 
 
 def build_parser() -> Parser:
@@ -531,7 +533,7 @@ def _start_and_report(
                     break
                 started.poll()
                 _progress(rx, work / "marks", t0, seen)
-                time.sleep(0.1)
+                time.sleep(_POLL_S)
             if started.ready_s is not None:
                 _say(f"  +{started.ready_s - t0:6.1f} s  ready")
                 if args.first_token and args.serve:

@@ -15,6 +15,13 @@ from typing import Any
 __all__ = ["FORMATS", "render", "render_compare"]
 
 FORMATS = ("text", "tree", "json", "chrome", "html")
+#: The report's sources, as the summary names them.
+_SOURCES = {
+    "vllm": "vLLM spans",
+    "probe": "initpipe probes",
+    "initpipe": "initpipe stage spans",
+    "interval": "named intervals",
+}
 _TOP = 15
 
 
@@ -81,6 +88,19 @@ def text(report: dict[str, Any], top: int = _TOP) -> str:
         out.append(f"THE START FAILED: {failed}")
     for e in report.get("errors", []):
         out.append(f"error span: {e['name']} ({e['process']}): {e['message']}")
+    sources = report.get("sources")
+    if sources:
+        out.append(
+            "measured by: "
+            + ", ".join(
+                f"{sources[k]['count']} {what}"
+                for k, what in _SOURCES.items()
+                if sources.get(k, {}).get("count")
+            )
+        )
+    for m in (report.get("probes") or {}).get("missing", []):
+        where = ", ".join(m["processes"])
+        out.append(f"probe {m['target']} missing in {where}: {m['error']}")
     if report.get("incomplete"):
         out.append(
             "spans may be missing from: "

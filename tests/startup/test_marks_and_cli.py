@@ -44,7 +44,8 @@ FLUSH_SCRIPT = textwrap.dedent(
     flushed = os.path.join(os.environ["INITPIPE_STARTUP_MARKS"], f"flushed-{os.getpid()}.json")
     while not os.path.exists(flushed):  # the handler's thread writes it once flushed
         time.sleep(0.01)
-    print(json.dumps([(s.name, s.instrumentation_scope.name) for s in exporter.get_finished_spans()]))
+    sent = exporter.get_finished_spans()
+    print(json.dumps([(s.name, s.instrumentation_scope.name) for s in sent]))
     """
 )
 

