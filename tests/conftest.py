@@ -38,7 +38,7 @@ SLOW_FIRST = (
     "tests/vllm/test_refit.py",  # 140 s (v1 and MRv2, in-process)
     "tests/vllm/test_resize.py",  # 120 s (v1 and MRv2)
     "tests/vllm/test_resize_multiprocess.py",  # 106 s
-    "tests/startup/test_startup_engines.py",  # 110 s (four starts: in-process x2, TP=2, serve)
+    "tests/startup/test_startup_engines.py",  # 130 s (five starts: in-process x2, TP=2, serve, v2)
     "tests/vllm/test_serve_refit.py",  # 65 s (two servers)
     "tests/vllm/test_resize_warm.py",  # 55 s (v1 and MRv2, in-process)
     "tests/vllm/test_resize_warm_models.py",  # 50 s (eight models, v1 in-process)

@@ -85,6 +85,8 @@ RELEASE_PROOFS = (
     "tests/startup/test_span_sites.py",
     "tests/startup/test_marks_and_cli.py::test_the_config_timer_times_vllms_engine_config",
     "tests/startup/test_startup_engines.py::test_in_process_the_tree_nests_initpipes_stages_in_vllms_spans",
+    "tests/startup/test_startup_engines.py::test_model_runner_v2_through_the_test_device",
+    "tests/startup/test_probes.py",  # every probe's target is in the release
     "tests/vllm/test_stage_spans.py::test_a_failing_stage_is_an_error_span_and_the_rollback_is_there",
 )
 
