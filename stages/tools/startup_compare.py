@@ -20,7 +20,7 @@ def _r(x: float) -> float:
 #: seconds (benchmarks/startup.py measures how far back-to-back starts differ).
 DEFAULT_RATIO = 1.5
 DEFAULT_MIN_S = 0.25
-ONLY = ("all", "vllm", "initpipe")
+ONLY = ("all", "vllm", "initpipe", "probe")
 
 
 def _totals(report: Mapping[str, Any], only: str) -> dict[tuple[str, str], float]:
@@ -31,7 +31,7 @@ def _totals(report: Mapping[str, Any], only: str) -> dict[tuple[str, str], float
     for s in report.get("spans", ()):
         if only == "initpipe" and (s["source"], s.get("kind", "span")) != ("initpipe", "span"):
             continue
-        if only == "vllm" and s["source"] != "vllm":
+        if only in ("vllm", "probe") and s["source"] != only:
             continue
         per[(s["source"], s["name"])][s["process"]] += s["end_s"] - s["start_s"]
     out = {key: max(v.values()) for key, v in per.items()}
@@ -57,7 +57,8 @@ def compare(
     A row is a regression when it is slower by at least ``min_s`` seconds and by at least
     ``ratio`` (a name absent from ``base`` counts from 0: a new slow stage is a
     regression). ``only``: ``"vllm"`` (vLLM's spans), ``"initpipe"`` (initpipe's stage and
-    phase spans; not its named intervals) or ``"all"`` (spans, intervals, phases, totals).
+    phase spans; not its named intervals), ``"probe"`` (the start-up probes' spans) or
+    ``"all"`` (spans, intervals, phases, totals).
 
     Returns:
         ``{"rows": [{"name", "source", "base_s", "now_s", "delta_s", "regression"}],

@@ -18,7 +18,7 @@ creation of the process the user started, on one wall clock shared by all proces
   ``attributed_s / wall_s``;
 - ``first_token_s``: origin to the first token of one request, or null;
 - ``processes``: ``[{"name", "pid", "kind", "rank", "create_s"}]``;
-- ``spans``: ``[{"id", "parent", "name", "source": "vllm"|"initpipe", "kind": "span"|
+- ``spans``: ``[{"id", "parent", "name", "source": "vllm"|"probe"|"initpipe", "kind": "span"|
   "interval", "process", "rank", "start_s", "end_s", "self_s", "status", "message",
   "phase", "initpipe"}]``; ``initpipe``: an initpipe span's attributes without their
   ``initpipe.`` prefix (``phase``, ``stage``, ``kind``: stage/teardown, ``generation``,
@@ -34,7 +34,17 @@ creation of the process the user started, on one wall clock shared by all proces
   the own time of the phase's spans, so parallel ranks count once) per phase of
   :data:`PHASES`;
 - ``errors``: the spans whose status is error: ``[{"id", "name", "process", "message"}]``;
-- ``incomplete``: processes whose spans may not all have arrived (``startup run`` names them).
+- ``incomplete``: processes whose spans may not all have arrived (``startup run`` names them);
+- ``sources``: ``{"vllm"|"probe"|"initpipe"|"interval": {"count", "leaf_s"}}``: how many
+  spans (or named intervals) of each kind, and how much of the window their leaves cover;
+- ``probes``: ``{"declared", "installed", "missing": [{"target", "error", "processes"}],
+  "not_loaded"}``: the start-up probes (:mod:`initpipe_vllm.hook.probes`) — declared,
+  installed in some process, not found where their module loaded, never loaded.
+
+A probe's span (source ``"probe"``) is a vLLM function initpipe wrapped, an import or a
+garbage collection. The last two go under the innermost span or named interval of their
+process that holds them (they are sent later, under the span current when they began), and
+cover their whole time; a span whose only children are such spans is still a leaf.
 
 A span's *timing parent* is its nearest ancestor that contains it in time (one ms of
 slack): vLLM parents a worker's later spans (``Allocate KV cache``) from the trace context

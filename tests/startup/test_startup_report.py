@@ -329,3 +329,14 @@ def test_the_report_lists_what_each_probe_did() -> None:
     assert r["probes"]["not_loaded"] == [p.target for p in probes.PROBES]
     text = render(r, "text")
     assert "probe m:gone missing in frontend: no gone" in text
+
+
+def test_compare_can_take_the_probes_alone() -> None:
+    base = _probed_start()
+    rows = compare(base, base, only="probe")["rows"]
+    assert {r["source"] for r in rows} == {"probe"}
+    assert {r["name"] for r in rows} == {
+        "Worker.load_model",
+        probes.GC_SPAN,
+        probes.IMPORT_SPAN + "vllm.x",
+    }
