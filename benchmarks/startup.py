@@ -11,7 +11,7 @@ largest slow-down between two starts over every row ``--compare`` checks (spans 
 phases, totals) among rows of at least the default floor, the largest absolute slow-down,
 and how many rows the defaults flag (target: none).
 
-Standalone: ``python benchmarks/startup.py [STARTS]``; ``python -m benchmarks --only startup``.
+Standalone: ``python benchmarks/startup.py [STARTS [KEEP_DIR]]``; ``python -m benchmarks --only startup``.
 Not in the suite's smoke pass (each start is a fresh vLLM: 15-40 s here).
 """
 
@@ -57,16 +57,19 @@ def _start(args: list[str], out: Path) -> dict[str, Any]:
     return json.loads(out.read_text())
 
 
-def run(smoke: bool = False, starts: int | None = None) -> list[Row]:
-    """Rows for the benchmark runner (``python -m benchmarks``)."""
+def run(smoke: bool = False, starts: int | None = None, keep: Path | None = None) -> list[Row]:
+    """Rows for the benchmark runner (``python -m benchmarks``); ``keep``: a folder to
+    keep every start's report in (``<placement>-<i>.json``)."""
     from initpipe_vllm.tools.startup_compare import DEFAULT_MIN_S, DEFAULT_RATIO, compare
 
     n = starts or (2 if smoke else 4)
     reports: dict[str, list[dict[str, Any]]] = {k: [] for k in PLACEMENTS}
     with tempfile.TemporaryDirectory(prefix="bench_startup_") as tmp:
+        folder = keep or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
         for i in range(n):  # alternating: the machine's drift falls on both
             for name, args in PLACEMENTS.items():
-                reports[name].append(_start(args, Path(tmp) / f"{name}-{i}.json"))
+                reports[name].append(_start(args, folder / f"{name}-{i}.json"))
     rows = []
     for name, rs in reports.items():
         worst_ratio, worst_ratio_row, worst_delta, worst_delta_row, flagged = 1.0, "", 0.0, "", 0
@@ -109,7 +112,8 @@ def run(smoke: bool = False, starts: int | None = None) -> list[Row]:
                 target=f">= {ATTRIBUTED_TARGET}",
                 met=min(fractions) >= ATTRIBUTED_TARGET,
                 detail=f"median {100 * statistics.median(fractions):.1f}%, by spans and probes "
-                f"alone {100 * by_spans:.1f}%; widest gap left: {where}",
+                f"alone {100 * by_spans:.1f}%; widest gap left: {where}; "
+                f"{sum(bool(r['incomplete']) for r in rs)} starts with a process unflushed",
             ),
             Row(
                 bench="startup",
@@ -134,5 +138,6 @@ def run(smoke: bool = False, starts: int | None = None) -> list[Row]:
 
 if __name__ == "__main__":
     count = int(sys.argv[1]) if len(sys.argv) > 1 else None
-    for row in run(starts=count):
+    kept = Path(sys.argv[2]) if len(sys.argv) > 2 else None
+    for row in run(starts=count, keep=kept):
         print(f"{row.name}: {row.value:.3f} {row.unit}  {row.detail}")
