@@ -11,8 +11,9 @@ largest slow-down between two starts over every row ``--compare`` checks (spans 
 phases, totals) among rows of at least the default floor, the largest absolute slow-down,
 and how many rows the defaults flag (target: none).
 
-Standalone: ``python benchmarks/startup.py [STARTS [KEEP_DIR]]``; ``python -m benchmarks --only startup``.
-Not in the suite's smoke pass (each start is a fresh vLLM: 15-40 s here).
+Standalone: ``python benchmarks/startup.py [STARTS [KEEP_DIR]]`` (KEEP_DIR keeps every
+start's report); ``python -m benchmarks --only startup``. Not in the suite's smoke pass
+(each start is a fresh vLLM: 6-20 s here).
 """
 
 from __future__ import annotations
