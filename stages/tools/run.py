@@ -32,10 +32,12 @@ Replaces nothing in vLLM.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,80 @@ DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "tiny-llama"
 
 def _say(text: str = "") -> None:
     print(text, flush=True)
+
+
+#: vLLM's warnings that say nothing about the run on this kind of set-up (a CPU machine, an
+#: in-process engine, the embedded tiny model): hidden unless ``--verbose``, and counted.
+#: Each is the start of the message; every other warning and error is shown as it is.
+KNOWN_NOISE = (
+    "Triton is installed, but doesn't include CPU backend",  # CPU build of vLLM
+    "Triton is not installed. triton-cpu is expected",
+    "Model Runner V2 requires Triton; using the V1 model runner",
+    "The global random seed is set to",  # in-process engine: the seed is the run's own
+    "Enforce eager set, disabling torch.compile",  # what initpipe run asks for
+    "Inductor compilation was disabled by user settings",
+    "Reset SSM cache type to float32",
+    "libtcmalloc is not found in LD_PRELOAD",  # CPU performance advice
+    "libiomp is not found in LD_PRELOAD",
+    "CPU backend doesn't allow to use `torch.set_num_threads`",
+)
+
+
+class _KnownNoise:
+    """A logging filter that drops :data:`KNOWN_NOISE` and counts what it dropped."""
+
+    def __init__(self) -> None:
+        self.hidden = 0
+
+    def filter(self, record: Any) -> bool:
+        if record.levelno < 40 and record.getMessage().startswith(KNOWN_NOISE):
+            self.hidden += 1
+            return False
+        return True
+
+
+_NOISE = _KnownNoise()
+
+
+def known_noise() -> _KnownNoise:
+    """The one :class:`_KnownNoise` of this process (vLLM's logging config names it)."""
+    return _NOISE
+
+
+def _quiet(folder: Path) -> None:
+    """Hide :data:`KNOWN_NOISE` (counted in :data:`_NOISE`).
+
+    vLLM rebuilds its log handler whenever an engine starts, from the Python logging config
+    file named by ``VLLM_LOGGING_CONFIG_PATH``: that file is vLLM's default config plus
+    this filter, written into ``folder``. Python's last-resort handler gets the filter too
+    (vLLM logs a few lines while it imports, before its handler exists); torch's C++
+    warnings are raised to errors (``TORCH_CPP_LOG_LEVEL``); a deprecation warning vLLM's
+    CPU dispatcher triggers in torch is dropped.
+    """
+    import copy
+    import logging
+    import warnings
+
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    warnings.filterwarnings(
+        "ignore", message=".*torch.distributed.reduce_op", category=FutureWarning
+    )
+    if logging.lastResort is not None:
+        logging.lastResort.addFilter(_NOISE)
+    if (
+        os.environ.get("VLLM_LOGGING_CONFIG_PATH")
+        or os.environ.get("VLLM_CONFIGURE_LOGGING") == "0"
+    ):
+        return  # the user's own logging config wins
+    from vllm.logger import DEFAULT_LOGGING_CONFIG
+
+    config = copy.deepcopy(DEFAULT_LOGGING_CONFIG)
+    config["filters"] = {"initpipe_known_noise": {"()": f"{__name__}.known_noise"}}
+    for handler in config["handlers"].values():
+        handler["filters"] = ["initpipe_known_noise"]
+    path = folder / "vllm-logging.json"
+    path.write_text(json.dumps(config))
+    os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(path)
 
 
 def _print_event(event: Any) -> None:
@@ -98,13 +174,21 @@ def _print_ranks_stages(summaries: list[dict[str, Any]]) -> None:
                 _say(f"  [{e['phase']:15}] {what:44} {e['duration'] * 1e3:9.3f} ms{mark}")
 
 
+#: How many of the slowest stages the summary names (the live lines show every stage).
+SLOWEST = 5
+
+
 def _print_summary(summary: dict[str, Any]) -> None:
     stages = [e for e in summary["events"] if e["kind"] == "stage"]
     spans = [e for e in summary["events"] if e["kind"] == "span"]
-    _say("\nstage timings (latest run of each stage, ms):")
     latest: dict[str, dict[str, Any]] = {e["name"]: e for e in stages}
-    for e in sorted(latest.values(), key=lambda e: -e["duration"]):
+    slowest = sorted(latest.values(), key=lambda e: -e["duration"])
+    _say(f"\nslowest stages (of {len(slowest)}; the latest run of each, ms):")
+    for e in slowest[:SLOWEST]:
         _say(f"  {e['phase']:16} {e['name']:44} {e['duration'] * 1e3:9.3f}")
+    if len(slowest) > SLOWEST:
+        rest = sum(e["duration"] for e in slowest[SLOWEST:])
+        _say(f"  {len(slowest) - SLOWEST} more stages: {rest * 1e3:.3f} ms in all")
     if spans:
         _say("\nvLLM steps outside the DAG (ms):")
         for e in spans:
@@ -183,6 +267,34 @@ def _print_outputs(task: str, workload: dict[str, Any]) -> None:
             shown = f"[{len(out['embedding'])} floats] {out['embedding'][:4]} ..."
         cached = out["num_cached_tokens"]
         _say(f"  prompt {i}: {shown}  ({out['prompt_tokens']} tokens, {cached} from the cache)")
+
+
+#: The prompts of vLLM's own first example (``examples/offline_inference/basic``).
+TEXT_PROMPTS = (
+    "Hello, my name is",
+    "The president of the United States is",
+    "The capital of France is",
+    "The future of AI is",
+)
+
+
+def _generate_text(llm: Any) -> list[tuple[str, str]]:
+    """Greedy completions of :data:`TEXT_PROMPTS` (8 tokens each)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    outs = llm.generate(list(TEXT_PROMPTS), params, use_tqdm=False)
+    return [(o.prompt, o.outputs[0].text) for o in outs]
+
+
+def _print_text(texts: list[tuple[str, str]], weights: str) -> None:
+    why = {
+        "dummy": "dummy weights: the words are noise, the path to them is real",
+        "seeded": "seeded random weights: the words are noise, the path to them is real",
+    }[weights]
+    _say(f"\ntext prompts ({why}):")
+    for prompt, text in texts:
+        _say(f"  {prompt!r} -> {text!r}")
 
 
 def _block_counts(text: str) -> list[int]:
@@ -305,12 +417,31 @@ def main(argv: list[str] | None = None) -> int:
     weights = "seeded" if args.compare_stock or args.resize else "dummy"
     parallel = parallel_engine_kwargs(args.tensor_parallel_size, args.pipeline_parallel_size)
     try:
-        with loadable_model(args.model, weights=weights, weights_dir=args.weights_dir) as found:
+        with contextlib.ExitStack() as stack:
+            if not args.verbose:
+                _quiet(
+                    Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="initpipe-run-")))
+                )
+            found = stack.enter_context(
+                loadable_model(args.model, weights=weights, weights_dir=args.weights_dir)
+            )
             model, extra = found
-            return _run(args, model, {**extra, **parallel})
+            if _has_tokenizer(args.model):  # text prompts, and vLLM's chat-template warm-up
+                extra = {**extra, "skip_tokenizer_init": False}
+            status = _run(args, model, {**extra, **parallel})
+            if _NOISE.hidden:
+                _say(
+                    f"\n({_NOISE.hidden} vLLM warnings about this CPU set-up hidden; "
+                    "--verbose shows them)"
+                )
+            return status
     except WeightsError as err:  # an architecture transformers cannot build
         print(f"Error: --compare-stock: {err}", file=sys.stderr)
         return 1
+
+
+def _has_tokenizer(model: Path) -> bool:
+    return (model / "tokenizer.json").is_file()
 
 
 def _select_model_runner(choice: str) -> None:
@@ -342,6 +473,7 @@ def _run(args: argparse.Namespace, model: Path, extra: dict[str, Any]) -> int:
     from ..hook import progress
 
     _say(f"initpipe run: {args.model} through initpipe_vllm.worker.PipelinedWorker")
+    _say("each stage as it runs ([phase] stage, time):")
     if model != args.model:
         _say(f"seeded weights: {model}")
     progress.add_listener(_print_event)
@@ -359,12 +491,15 @@ def _run(args: argparse.Namespace, model: Path, extra: dict[str, Any]) -> int:
         if len(summaries) > 1:
             _print_ranks_stages(summaries)
         piped = _observe(llm, task)
+        texts = _generate_text(llm) if task == "generate" and _has_tokenizer(args.model) else []
         if args.resize:
             resized = _resize_steps(llm, task, args.resize)
     finally:
         _stop(llm)
         del llm
         gc.collect()
+    if texts:
+        _print_text(texts, "seeded" if model != args.model else "dummy")
     _print_outputs(task, piped["outputs"])
     _say(f"\nrunner: {summary['runner_class']} (catalog {summary['catalog']})")
     if len(summaries) > 1:

@@ -81,6 +81,16 @@ def test_initpipe_run_shows_stages_tokens_summary_and_matches_stock(tmp_path):
     for name in base_catalog().order:  # each stage shown as it ran
         assert f"] {name} " in out
     assert "generate outputs for 2 fixed prompts:" in out
+    # readable: text prompts through the embedded tokenizer; vLLM's known CPU noise hidden
+    from initpipe_vllm.tools.run import KNOWN_NOISE, TEXT_PROMPTS
+
+    assert "text prompts (seeded random weights:" in out
+    for prompt in TEXT_PROMPTS:
+        assert f"  {prompt!r} -> '" in out
+    log = out + res.stderr
+    assert "Traceback" not in log and "Chat template warmup failed" not in log
+    assert [n for n in KNOWN_NOISE if n in log] == []
+    assert "vLLM warnings about this CPU set-up hidden; --verbose shows them" in out
     assert "critical path (" in out and "allocated_kv_caches" in out
     assert "model.layers.0.self_attn.attn" in out and "total (distinct)" in out
     assert "SAME as stock vLLM" in out
