@@ -8,7 +8,7 @@ site-packages folder, a folder holding ``vllm/``, or a ``.whl``). Runs the docto
 name that is not ``identical`` prints the unified diff of its source between ``OLD`` and
 ``NEW`` (a class, a function or a method, found by its qualified name), with the initpipe
 functions and stages it affects. ``--out DIR`` also writes one ``.diff`` file per name.
-A maintainers' tool (docs/maintainers.md: Porting to a new vLLM release); reads files only,
+A maintainers' tool (docs/maintainers/porting.md: Porting to a new vLLM release); reads files only,
 imports no vLLM.
 """
 

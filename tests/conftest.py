@@ -27,6 +27,7 @@ from release_tier import RELEASE_PROOFS, names
 #: one worker; ``make test`` prints the slowest tests, by which to keep this list in step).
 #: It only orders: every test runs, and the unlisted modules follow in collection order.
 SLOW_FIRST = (
+    "tests/test_docs_outputs.py",  # 300 s (the docs' 14 examples that show their output)
     "tests/vllm/test_mrv2.py",  # 390 s (Model Runner V2 on Triton's interpreter)
     "tests/vllm/test_serve.py",  # 330 s (v1 and MRv2 servers)
     "tests/vllm/test_engine_equivalence.py",  # 259 s
@@ -47,7 +48,6 @@ SLOW_FIRST = (
     "tests/vllm/test_mrv2_engineless.py",  # 80 s
     "tests/vllm/test_equivalence_negative.py",  # 60 s (four tiny-llama engines, one process)
     "tests/benchmarks/test_refit_smoke.py",  # 40 s
-    "tests/test_refit_docs.py",  # 26 s (the refit page's example)
     "tests/reliability/test_fault_injection.py",  # 60 s (tiny-llama and tiny-nemotron-h rigs)
     "tests/vllm/test_kv_phase.py",  # 59 s
     "tests/plugin/test_pytest_plugin.py",  # 52 s

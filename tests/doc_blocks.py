@@ -9,8 +9,12 @@ An example that cannot run in the suite says why on the line before its fence::
 
 The README's first block, its two set-up commands, is illustrative without a marker (the
 README starts with them, nothing before). Another test may run an example itself (the
-pytest plugin's test runs the stage author's file from docs/extending.md): it says so with
-``<!-- run-by: tests/... -->``.
+pytest plugin's test runs the stage author's file from docs/how-to/test-stage.md): it says
+so with ``<!-- run-by: tests/... -->``. A how-to example shows what it prints: the example is marked
+``<!-- run-by: tests/test_docs_outputs.py -->`` and the ``text`` block after it
+``<!-- output: ... -->``; that test runs the one and compares its output with the other. A
+block marked ``<!-- file: NAME -->`` before such an example is written to ``NAME`` in the
+example's folder first (a test file the example runs, say).
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ from pathlib import Path
 import attrs
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-_MARK = re.compile(r"<!--\s*(illustrative|run-by):\s*(.+?)\s*-->")
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+_MARK = re.compile(r"<!--\s*(illustrative|run-by|output|file):\s*(.+?)\s*-->")
 
 
 @attrs.frozen

@@ -495,6 +495,7 @@ def _run(args: argparse.Namespace, model: Path, extra: dict[str, Any]) -> int:
         if args.resize:
             resized = _resize_steps(llm, task, args.resize)
     finally:
+        _say("\nstopping the engine: the KV phase's teardowns, in reverse order")
         _stop(llm)
         del llm
         gc.collect()

