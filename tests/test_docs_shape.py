@@ -1,8 +1,8 @@
 """The docs read in minutes: short paragraphs on user pages, how-to pages task first.
 
 - User pages (the README and every page of docs/ outside the maintainers' guide): no prose
-  paragraph over :data:`MAX_PARAGRAPH` words, no list item over :data:`MAX_ITEM` words.
-  Code blocks, tables, headings and HTML comments are not prose.
+  paragraph over :data:`MAX_PARAGRAPH` words, no list item and no table cell over
+  :data:`MAX_ITEM` words. Code blocks, headings and HTML comments are not prose.
 - How-to pages (docs/how-to/): the first paragraph is the task, in one sentence; the first
   example on the page is run by ``tests/test_docs_outputs.py`` (so it shows its real
   output), and it comes before the page's second section.
@@ -61,6 +61,18 @@ def prose(page: Path) -> list[tuple[int, str]]:
     return out
 
 
+def cells(page: Path) -> list[tuple[int, str]]:
+    """Every cell of the page's tables (outside code blocks), with its line number."""
+    out = []
+    fenced = False
+    for n, line in enumerate(page.read_text().splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.lstrip().startswith("|"):
+            out += [(n, cell.strip()) for cell in line.strip().strip("|").split("|")]
+    return out
+
+
 def _words(text: str) -> int:
     return len(text.split())
 
@@ -72,7 +84,12 @@ def test_no_long_paragraph_on_a_user_page(page: Path) -> None:
         for line, text in prose(page)
         if _words(text) > (MAX_ITEM if _ITEM.match(text) else MAX_PARAGRAPH)
     ]
-    assert long == [], "split these (a paragraph <= 120 words, a list item <= 60)"
+    long += [
+        f"{page.relative_to(ROOT)}:{line}: a table cell of {_words(cell)} words"
+        for line, cell in cells(page)
+        if _words(cell) > MAX_ITEM
+    ]
+    assert long == [], "split these (a paragraph <= 120 words, a list item or cell <= 60)"
 
 
 def test_the_shape_check_sees_paragraphs_items_and_skips_code(tmp_path: Path) -> None:
@@ -81,6 +98,7 @@ def test_the_shape_check_sees_paragraphs_items_and_skips_code(tmp_path: Path) ->
         "# T\n\nOne two.\nThree.\n\n- a b\n- c\n  d\n\n```python\nx = 1\n```\n| t | u |\n"
     )
     assert prose(page) == [(3, "One two. Three."), (6, "- a b"), (7, "- c d")]
+    assert cells(page) == [(13, "t"), (13, "u")]
 
 
 @pytest.mark.parametrize("page", HOW_TO, ids=lambda p: p.name)

@@ -378,7 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
         "-v",
         "--verbose",
         action="store_true",
-        help="keep vLLM's own INFO log lines (default: warnings only)",
+        help="show vLLM's INFO lines and the warnings about running on a CPU that are "
+        "hidden by default (the last line counts those)",
     )
     return p
 
