@@ -7,13 +7,15 @@ engine core in-process and vLLM's own logging off (the pages leave vLLM's log li
 in a temporary folder under pytest's. Its stdout must match the page's block once every
 path, digest and number is masked; a line ``...`` in the block stands for any number of
 lines (timings sorted by duration, say). A block marked ``<!-- file: NAME -->`` between the
-previous example and this one is written to ``NAME`` in its folder before it runs. A page
+previous example and this one is written to ``NAME`` in its folder before it runs. An
+example that starts a server listens on ``$PORT``, a port reserved for it. A page
 that drifts from what the code prints fails here, naming the page, the line and what it
 prints now.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -129,7 +131,15 @@ def test_the_example_prints_what_the_page_shows(
         cmd = [sys.executable, "-c", example.code]
     else:
         cmd = ["bash", "-euo", "pipefail", "-c", example.code]
-    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    from initpipe_vllm.testing.server import reserve_port
+
+    # an example that starts a server takes its port from $PORT: one reserved here until the
+    # example ends, so no other test's server is handed the same port meanwhile
+    with contextlib.closing(reserve_port()) as reservation:
+        env["PORT"] = str(reservation.getsockname()[1])
+        res = subprocess.run(
+            cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+        )
     assert res.returncode == 0, f"{example.where}:\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
     assert matches(mask(res.stdout), mask(shown.code)), (
         f"{shown.where} no longer shows what the example at {example.where} prints; "
