@@ -15,14 +15,12 @@ this draws. Needs Graphviz's ``dot``; imports no vLLM.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
+
+import draw_common
 
 # the installed package's name (mypy reads stages/ as ``stages``): imported by name
 carry: Any = importlib.import_module("initpipe_vllm.resize.carry")
@@ -141,22 +139,7 @@ def dot_source() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-o", "--output", type=Path, default=OUT, help="the SVG to write")
-    parser.add_argument("--dot", action="store_true", help="print the Graphviz source only")
-    args = parser.parse_args(argv)
-    source = dot_source()
-    if args.dot:
-        sys.stdout.write(source)
-        return 0
-    dot = shutil.which("dot")
-    if dot is None:
-        print("draw_resize: Graphviz's dot is not installed", file=sys.stderr)
-        return 2
-    svg = subprocess.run([dot, "-Tsvg"], input=source, capture_output=True, text=True, check=True)
-    args.output.write_text(svg.stdout)
-    print(f"wrote {args.output}")
-    return 0
+    return draw_common.main("draw_resize", __doc__ or "", dot_source, OUT, argv)
 
 
 if __name__ == "__main__":

@@ -5,24 +5,10 @@ resize's own carry plan: docs/images/resize.svg (regenerate it with
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 from cli_support import needs_dot
-
-ROOT = Path(__file__).parents[1]
-SCRIPT = ROOT / "scripts" / "draw_resize.py"
-
-
-def _drawing(svg: str) -> str:
-    return re.sub(r"<!--.*?-->", "", svg, flags=re.S).strip()  # Graphviz's version comment
-
-
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120
-    )
+from docs_pictures import assert_current, run_script
 
 
 def test_the_picture_draws_what_the_resize_keeps() -> None:
@@ -31,7 +17,7 @@ def test_the_picture_draws_what_the_resize_keeps() -> None:
     8 MiB for 64 blocks)."""
     from initpipe_vllm.resize.carry import PoolState, plan_carry
 
-    res = _run("--dot")
+    res = run_script("draw_resize", "--dot")
     assert res.returncode == 0, res.stderr
     arrows = re.findall(r"before:b(\d+):s -> after:b(\d+):n", res.stdout)
     used = tuple(range(1, 11))
@@ -51,10 +37,4 @@ def test_the_picture_draws_what_the_resize_keeps() -> None:
 
 @needs_dot
 def test_the_resize_picture_is_current(tmp_path: Path) -> None:
-    out = tmp_path / "resize.svg"
-    res = _run("-o", str(out))
-    assert res.returncode == 0, res.stderr
-    committed = (ROOT / "docs" / "images" / "resize.svg").read_text()
-    assert _drawing(out.read_text()) == _drawing(committed), (
-        "docs/images/resize.svg is stale: python scripts/draw_resize.py"
-    )
+    assert_current("draw_resize", "resize.svg", tmp_path)

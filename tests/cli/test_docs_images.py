@@ -3,18 +3,14 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 from cli_support import needs_dot
+from docs_pictures import drawing
 
 ROOT = Path(__file__).parents[2]
-
-
-def _drawing(svg: str) -> str:
-    return re.sub(r"<!--.*?-->", "", svg, flags=re.S).strip()  # Graphviz's version comment
 
 
 @needs_dot
@@ -28,6 +24,6 @@ def test_the_catalog_picture_is_current(tmp_path: Path) -> None:
     )
     assert res.returncode == 0, res.stderr
     committed = (ROOT / "docs" / "images" / "catalog.svg").read_text()
-    assert _drawing(out.read_text()) == _drawing(committed), (
+    assert drawing(out.read_text()) == drawing(committed), (
         "docs/images/catalog.svg is stale: initpipe graph --format svg -o docs/images/catalog.svg"
     )
