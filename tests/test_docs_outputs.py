@@ -4,13 +4,14 @@ A page marks such an example ``<!-- run-by: tests/test_docs_outputs.py -->`` and
 ``text`` block right after it ``<!-- output: ... -->``. Each example runs here as the page
 gives it (Python in a fresh interpreter, bash line by line), on this machine's CPU with the
 engine core in-process and vLLM's own logging off (the pages leave vLLM's log lines out),
-in a temporary folder under pytest's. Its stdout must match the page's block once every
-path, digest and number is masked; a line ``...`` in the block stands for any number of
-lines (timings sorted by duration, say). A block marked ``<!-- file: NAME -->`` between the
-previous example and this one is written to ``NAME`` in its folder before it runs. An
-example that starts a server listens on ``$PORT``, a port reserved for it. A page
-that drifts from what the code prints fails here, naming the page, the line and what it
-prints now.
+in a temporary folder under pytest's (``TMPDIR`` stays the suite's short one: a server's
+ZMQ socket paths must stay under 107 characters). Its stdout must match the page's block
+once every path, digest and number is masked; a line ``...`` in the block stands for any
+number of lines (timings sorted by duration, say). A block marked
+``<!-- file: NAME -->`` between the previous example and this one is written to ``NAME``
+in its folder before it runs. An example that starts a server listens on ``$PORT``, a port
+reserved for it. A page that drifts from what the code prints fails here, naming the page,
+the line and what it prints now.
 """
 
 from __future__ import annotations
@@ -125,7 +126,6 @@ def test_the_example_prints_what_the_page_shows(
         "VLLM_TARGET_DEVICE": "cpu",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_CONFIGURE_LOGGING": "0",
-        "TMPDIR": str(tmp_path),
     }
     if example.lang == "python":
         cmd = [sys.executable, "-c", example.code]
