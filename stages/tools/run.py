@@ -5,8 +5,11 @@ What belongs here: the main job only. It starts vLLM in-process on a local model
 dummy weights, 8 MiB of KV cache) with ``initpipe_vllm.worker.PipelinedWorker``, prints
 each stage as it runs, runs the equivalence harness's workload
 (:func:`~initpipe_vllm.testing.equivalence.run_workload`: two token-id prompts longer
-than a KV block, the second repeating the first's prefix), and prints a summary: stage
-timings, the critical path and the KV bytes per layer. ``--compare-stock`` loads seeded
+than a KV block, the second repeating the first's prefix), completes vLLM's example text
+prompts where the model folder has a tokenizer (the embedded one does), and prints a
+summary: the slowest stages, the critical path and the KV bytes per layer. vLLM's log stays
+at warnings, and the warnings in :data:`KNOWN_NOISE` (advice about running on a CPU) are
+hidden and counted, unless ``--verbose``. ``--compare-stock`` loads seeded
 real weights instead (:func:`~initpipe_vllm.testing.weights.seeded_model`), so the outputs
 depend on the KV cache, also runs stock vLLM on the same config, and exits 1 unless the
 tokens, logprobs and runner snapshot (:func:`~initpipe_vllm.snapshot.runner_snapshot`)
