@@ -8,8 +8,8 @@ each stage as it runs, runs the equivalence harness's workload
 than a KV block, the second repeating the first's prefix), completes vLLM's example text
 prompts where the model folder has a tokenizer (the embedded one does), and prints a
 summary: the slowest stages, the critical path and the KV bytes per layer. vLLM's log stays
-at warnings, and the warnings in :data:`KNOWN_NOISE` (advice about running on a CPU) are
-hidden and counted, unless ``--verbose``. ``--compare-stock`` loads seeded
+at warnings, and its advice about running on a CPU is hidden and counted
+(:mod:`initpipe_vllm.tools.quiet`), unless ``--verbose``. ``--compare-stock`` loads seeded
 real weights instead (:func:`~initpipe_vllm.testing.weights.seeded_model`), so the outputs
 depend on the KV cache, also runs stock vLLM on the same config, and exits 1 unless the
 tokens, logprobs and runner snapshot (:func:`~initpipe_vllm.snapshot.runner_snapshot`)
@@ -44,6 +44,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .quiet import NOISE, quiet
+
 __all__ = ["DEFAULT_MODEL", "NotStockError", "build_parser", "main"]
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "tiny-llama"
@@ -51,80 +53,6 @@ DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "tiny-llama"
 
 def _say(text: str = "") -> None:
     print(text, flush=True)
-
-
-#: vLLM's warnings that say nothing about the run on this kind of set-up (a CPU machine, an
-#: in-process engine, the embedded tiny model): hidden unless ``--verbose``, and counted.
-#: Each is the start of the message; every other warning and error is shown as it is.
-KNOWN_NOISE = (
-    "Triton is installed, but doesn't include CPU backend",  # CPU build of vLLM
-    "Triton is not installed. triton-cpu is expected",
-    "Model Runner V2 requires Triton; using the V1 model runner",
-    "The global random seed is set to",  # in-process engine: the seed is the run's own
-    "Enforce eager set, disabling torch.compile",  # what initpipe run asks for
-    "Inductor compilation was disabled by user settings",
-    "Reset SSM cache type to float32",
-    "libtcmalloc is not found in LD_PRELOAD",  # CPU performance advice
-    "libiomp is not found in LD_PRELOAD",
-    "CPU backend doesn't allow to use `torch.set_num_threads`",
-)
-
-
-class _KnownNoise:
-    """A logging filter that drops :data:`KNOWN_NOISE` and counts what it dropped."""
-
-    def __init__(self) -> None:
-        self.hidden = 0
-
-    def filter(self, record: Any) -> bool:
-        if record.levelno < 40 and record.getMessage().startswith(KNOWN_NOISE):
-            self.hidden += 1
-            return False
-        return True
-
-
-_NOISE = _KnownNoise()
-
-
-def known_noise() -> _KnownNoise:
-    """The one :class:`_KnownNoise` of this process (vLLM's logging config names it)."""
-    return _NOISE
-
-
-def _quiet(folder: Path) -> None:
-    """Hide :data:`KNOWN_NOISE` (counted in :data:`_NOISE`).
-
-    vLLM rebuilds its log handler whenever an engine starts, from the Python logging config
-    file named by ``VLLM_LOGGING_CONFIG_PATH``: that file is vLLM's default config plus
-    this filter, written into ``folder``. Python's last-resort handler gets the filter too
-    (vLLM logs a few lines while it imports, before its handler exists); torch's C++
-    warnings are raised to errors (``TORCH_CPP_LOG_LEVEL``); a deprecation warning vLLM's
-    CPU dispatcher triggers in torch is dropped.
-    """
-    import copy
-    import logging
-    import warnings
-
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    warnings.filterwarnings(
-        "ignore", message=".*torch.distributed.reduce_op", category=FutureWarning
-    )
-    if logging.lastResort is not None:
-        logging.lastResort.addFilter(_NOISE)
-    if (
-        os.environ.get("VLLM_LOGGING_CONFIG_PATH")
-        or os.environ.get("VLLM_CONFIGURE_LOGGING") == "0"
-    ):
-        return  # the user's own logging config wins
-    from vllm.logger import DEFAULT_LOGGING_CONFIG
-
-    config = copy.deepcopy(DEFAULT_LOGGING_CONFIG)
-    config["filters"] = {"initpipe_known_noise": {"()": f"{__name__}.known_noise"}}
-    for handler in config["handlers"].values():
-        handler["filters"] = ["initpipe_known_noise"]
-    path = folder / "vllm-logging.json"
-    path.write_text(json.dumps(config))
-    os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(path)
 
 
 def _print_event(event: Any) -> None:
@@ -423,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with contextlib.ExitStack() as stack:
             if not args.verbose:
-                _quiet(
+                quiet(
                     Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="initpipe-run-")))
                 )
             found = stack.enter_context(
@@ -433,9 +361,9 @@ def main(argv: list[str] | None = None) -> int:
             if _has_tokenizer(args.model):  # text prompts, and vLLM's chat-template warm-up
                 extra = {**extra, "skip_tokenizer_init": False}
             status = _run(args, model, {**extra, **parallel})
-            if _NOISE.hidden:
+            if NOISE.hidden:
                 _say(
-                    f"\n({_NOISE.hidden} vLLM warnings about this CPU set-up hidden; "
+                    f"\n({NOISE.hidden} vLLM warnings about this CPU set-up hidden; "
                     "--verbose shows them)"
                 )
             return status

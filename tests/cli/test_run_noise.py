@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from initpipe_vllm.tools import run
+from initpipe_vllm.tools import quiet
 
 
 def _record(msg: str, *args: object, level: int = logging.WARNING) -> logging.LogRecord:
@@ -12,7 +12,7 @@ def _record(msg: str, *args: object, level: int = logging.WARNING) -> logging.Lo
 
 
 def test_known_noise_is_hidden_and_counted_and_nothing_else_is() -> None:
-    noise = run._KnownNoise()
+    noise = quiet._KnownNoise()
     assert not noise.filter(_record("%s is not found in LD_PRELOAD. For best ...", "libiomp"))
     assert not noise.filter(_record("Enforce eager set, disabling torch.compile, ..."))
     assert noise.hidden == 2

@@ -82,7 +82,8 @@ def test_initpipe_run_shows_stages_tokens_summary_and_matches_stock(tmp_path):
         assert f"] {name} " in out
     assert "generate outputs for 2 fixed prompts:" in out
     # readable: text prompts through the embedded tokenizer; vLLM's known CPU noise hidden
-    from initpipe_vllm.tools.run import KNOWN_NOISE, TEXT_PROMPTS
+    from initpipe_vllm.tools.quiet import KNOWN_NOISE
+    from initpipe_vllm.tools.run import TEXT_PROMPTS
 
     assert "text prompts (seeded random weights:" in out
     for prompt in TEXT_PROMPTS:
