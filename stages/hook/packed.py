@@ -10,6 +10,12 @@ model's parameters would then skip every linear layer. So while a load runs, eac
 weight's bytes are hashed just before vLLM packs them, and the digest reads the record.
 Nothing else changes: the hash is queued on a small thread pool (it overlaps the rest of
 the load; the digest waits for it), then vLLM's own function runs as it would.
+
+A layer that keeps its weight (``remove_weight=False``: an embedding, a language-model head)
+is recorded too, hashed at once: its kernel holds a copy of the weight *as it was packed*,
+and a tied head whose weight changed under it without being packed again (vLLM's layerwise
+reload skips it) computes with the old copy. The digest lists that record beside the
+weight, so it covers what the kernel computes with.
 Elsewhere than CPU nothing is packed away and the context does nothing.
 
 Importing this module imports neither torch nor vLLM.
@@ -85,9 +91,16 @@ def recording_packed_weights() -> Iterator[None]:
 
             def recording(layer: Any, remove_weight: bool) -> None:
                 weight = getattr(layer, "weight", None)
-                if remove_weight and weight is not None and not weight.is_meta:
-                    # the pool holds the tensor until it is hashed; vLLM drops it meanwhile
-                    _PACKED[layer] = _pool().submit(tensor_hash, weight.detach())
+                if weight is not None and not weight.is_meta:
+                    if remove_weight:
+                        # the pool holds the tensor until it is hashed; vLLM drops it
+                        _PACKED[layer] = _pool().submit(tensor_hash, weight.detach())
+                    else:
+                        # the weight stays and may change in place (a reload): hash the
+                        # bytes packed now, not later
+                        done: Future[str] = Future()
+                        done.set_result(tensor_hash(weight.detach()))
+                        _PACKED[layer] = done
                 original(layer, remove_weight)
 
             recording.__wrapped__ = original  # type: ignore[attr-defined]

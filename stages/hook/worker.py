@@ -425,7 +425,12 @@ class _TracedWorkerMixin:
         from .packed import recording_packed_weights
 
         with self._initpipe_span("load_model (weights)"), recording_packed_weights():
-            return super().load_model(*args, **kwargs)  # type: ignore[misc]
+            result = super().load_model(*args, **kwargs)  # type: ignore[misc]
+        # what a fresh load wrote, derived and tied: a refit's reload is checked against it
+        from ..resize.coverage import record_fresh_load
+
+        record_fresh_load(self.model_runner.get_model())  # type: ignore[attr-defined]
+        return result
 
     @vllm_uses(
         _BOTH,

@@ -690,6 +690,15 @@ def _check_for_refit(core: Any, _capability: str) -> list[RankStatus]:
         ("resize", "refit"),
     )
     engine_state(core).model_runner = statuses[0].model_runner
+    from .weights import RankPrecheck, rank_precheck
+
+    for answer in _rpc(core, rank_precheck, RankPrecheck):
+        if isinstance(answer, RankFailure):
+            raise refit_refused("engine", f"rank {answer.rank}: {answer.error}")
+        if answer.problems:
+            raise refit_refused(
+                "engine", f"rank {answer.rank}: " + "; ".join(answer.problems)
+            )
     return statuses
 
 

@@ -47,6 +47,10 @@ class RefitReceipt:
         kv_bytes_per_rank: KV bytes on each rank afterwards.
         steps: every step in order, each with ok, ms and bytes.
         caches: each weight-derived cache, and what the refit did and checked about it.
+        checks: the load compared with a fresh load (:mod:`.coverage`): ``coverage``
+            (every parameter written), ``derived`` (every module's post-load processing
+            re-run), ``ties`` (the same parameters share storage) and ``repaired`` (module
+            -> why initpipe re-ran its processing after vLLM's reload skipped it).
         probe: the probe's result (``probe.ran`` False when it was disabled).
         mode: ``wait`` or ``abort``; requests_waited / requests_aborted: the request ids.
         total_s: the whole refit's wall seconds, in the engine core.
@@ -63,6 +67,7 @@ class RefitReceipt:
     kv_bytes_per_rank: tuple[int, ...]
     steps: tuple[RefitStep, ...]
     caches: Mapping[str, str] = attrs.field(factory=dict, hash=False)
+    checks: Mapping[str, Any] = attrs.field(factory=dict, hash=False)
     probe: ProbeResult
     mode: str
     requests_waited: tuple[str, ...] = ()
@@ -82,6 +87,7 @@ class RefitReceipt:
         for key in ("digests", "kv_bytes_per_rank", "requests_waited", "requests_aborted"):
             f[key] = tuple(f.get(key, ()))
         f["weights"], f["caches"] = dict(f["weights"]), dict(f["caches"])
+        f["checks"] = dict(f.get("checks", {}))
         return cls(**f)
 
     def __str__(self) -> str:
@@ -98,6 +104,15 @@ class RefitReceipt:
             + ", ".join(f"{s.name} {s.ms:.1f} ms{'' if s.ok else ' FAILED'}" for s in self.steps),
             "  caches: " + "; ".join(f"{k} {v}" for k, v in self.caches.items()),
         ]
+        if self.checks:
+            lines.append(
+                "  checked against a fresh load: "
+                + "; ".join(
+                    f"{k} {v}" for k, v in self.checks.items() if k != "repaired" and v
+                )
+            )
+            for module, why in dict(self.checks.get("repaired") or {}).items():
+                lines.append(f"  repaired: {module} ({why})")
         p = self.probe
         if p.ran:
             lines.append(

@@ -48,6 +48,7 @@ from .weights import (
     RankCaches,
     RankDigest,
     RankLoad,
+    RankVerify,
     Schema,
     Source,
     folder_schema,
@@ -55,6 +56,7 @@ from .weights import (
     rank_caches,
     rank_digest,
     rank_load,
+    rank_verify,
     tensors_schema,
 )
 
@@ -149,6 +151,7 @@ class Refit(Live):
     stale: frozenset[Any] = frozenset()
     unpaused: Any = None
     weights_bytes: int = 0
+    checks: dict[str, Any] = attrs.field(factory=dict)
 
 
 def _recorded(step: Step[Refit]) -> Step[Refit]:
@@ -191,6 +194,27 @@ def _teardown(live: Refit) -> None:
 def _load(live: Refit) -> None:
     _on_ranks(live, "load", rank_load, RankLoad, live.source)
     live.moved["load"] = live.weights_bytes
+
+
+def _verify(live: Refit) -> None:
+    """Every rank's load against the fresh load its engine started with (coverage, ties,
+    the modules whose processing initpipe re-ran): a difference fails the refit closed."""
+    answers: list[RankVerify] = _on_ranks(live, "verify", rank_verify, RankVerify)
+    first = min(answers, key=lambda a: a.rank)
+    repaired: dict[str, str] = {}
+    for a in answers:
+        repaired.update(a.repaired)
+    live.checks.update(
+        coverage=(
+            f"every parameter written on every rank: {first.written} by their loaders, "
+            f"{first.tied} through a tie (rank {first.rank} of {len(answers)})"
+        ),
+        derived=(
+            f"{first.modules} modules' post-load processing re-run, as a fresh load does"
+        ),
+        ties=f"{first.ties} groups of parameters sharing storage, as a fresh load has",
+        repaired={k: f"tied to {v}: vLLM's reload skipped it" for k, v in repaired.items()},
+    )
 
 
 def _digest(live: Refit) -> None:
@@ -350,6 +374,7 @@ def _commit(live: Refit) -> None:
 _TEARDOWN = Step(name="teardown", do=_teardown, undo=_fail_closed)
 _LOAD = Step(name="load", do=_load)
 _LATER: tuple[Step[Refit], ...] = (
+    Step(name="verify", do=_verify),
     Step(name="digest", do=_digest),
     Step(name="kv_phase", do=_kv_phase),
     WARMUP,  # type: ignore[assignment]
@@ -605,6 +630,7 @@ def refit(
             *live.trace,
         ),
         caches=live.caches,
+        checks=live.checks,
         probe=live.probe_result,
         mode=mode,
         requests_waited=live.waited,

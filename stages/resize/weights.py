@@ -35,6 +35,8 @@ __all__ = [
     "RankCaches",
     "RankDigest",
     "RankLoad",
+    "RankPrecheck",
+    "RankVerify",
     "Schema",
     "Source",
     "folder_schema",
@@ -42,6 +44,8 @@ __all__ = [
     "rank_caches",
     "rank_digest",
     "rank_load",
+    "rank_precheck",
+    "rank_verify",
     "tensors_schema",
     "to_folder",
 ]
@@ -187,6 +191,9 @@ class RankLoad(RankRecord):
     seconds: float
     bytes_loaded: int
     rss_after: int | None
+    #: module -> the parameter it is tied to, for each module whose post-load processing
+    #: initpipe re-ran after vLLM's reload skipped it
+    repaired: dict[str, str] = attrs.field(factory=dict)
 
 
 @attrs.frozen(kw_only=True)
@@ -232,22 +239,114 @@ def rank_load(wrapper: Any, source: Source) -> dict[str, Any]:
     start = time.perf_counter()
     try:
         from ..hook.packed import recording_packed_weights
+        from .coverage import fresh_load, repair, tracking_reload
 
-        with recording_packed_weights():
+        model = _model(worker)
+        worker._initpipe_reload_log = None
+        with recording_packed_weights(), tracking_reload(model) as log:
             if source.path is not None:
                 worker.reload_weights(weights_path=source.path)
             else:
                 worker.reload_weights(weights_iterator=iter(source.tensors or ()))
+            record = fresh_load(model)
+            if record is not None:  # what vLLM's reload left undone, done as a load does
+                repair(model, record, log)
+        worker._initpipe_reload_log = log
         trim_memory()
         return RankLoad(
             rank=rank,
             seconds=time.perf_counter() - start,
-            bytes_loaded=_param_bytes(_model(worker)),
+            bytes_loaded=_param_bytes(model),
             rss_after=_rss(),
+            repaired=dict(log.repaired),
         ).to_dict()
     except Exception as err:
         failure = _failure(rank, err, "load")
         return attrs.evolve(failure, seconds=time.perf_counter() - start).to_dict()
+
+
+@attrs.frozen(kw_only=True)
+class RankVerify(RankRecord):
+    """A rank's load compared with what a fresh load writes, derives and ties
+    (``rank_verify``; :mod:`.coverage`)."""
+
+    parameters: int
+    written: int
+    tied: int
+    modules: int
+    ties: int
+    repaired: dict[str, str]
+    seconds: float
+
+
+@attrs.frozen(kw_only=True)
+class RankPrecheck(RankRecord):
+    """What on this rank a refit cannot load right (``rank_precheck``; empty: nothing)."""
+
+    problems: tuple[str, ...]
+
+
+def rank_precheck(wrapper: Any) -> dict[str, Any]:
+    """Before anything changes: the engine recorded its fresh load, and every module vLLM's
+    reload would leave unprocessed is one initpipe can repair (:func:`.coverage.unrepairable`)."""
+    from .coverage import fresh_load, unrepairable
+
+    worker, rank = _worker(wrapper)
+    try:
+        model = _model(worker)
+        record = fresh_load(model)
+        if record is None:
+            problems = (
+                "the engine's start recorded no fresh load to check a refit against (it "
+                "was not loaded by initpipe's pipelined worker)",
+            )
+        else:
+            problems = tuple(unrepairable(model, record))
+        return RankPrecheck(rank=rank, problems=problems).to_dict()
+    except Exception as err:
+        return _failure(rank, err, "precheck").to_dict()
+
+
+class LoadNotFresh(RuntimeError):
+    """The load differs from a fresh load (the message names every tensor or module)."""
+
+
+def rank_verify(wrapper: Any) -> dict[str, Any]:
+    """Check this rank's last load (:func:`rank_load`) against the record of the fresh
+    load the engine started with: every parameter written, every derived module
+    re-processed, the same ties. A failure names each culprit."""
+    from .coverage import check, fresh_load
+
+    worker, rank = _worker(wrapper)
+    start = time.perf_counter()
+    try:
+        model = _model(worker)
+        record, log = fresh_load(model), getattr(worker, "_initpipe_reload_log", None)
+        if record is None:
+            raise LoadNotFresh("the engine's start recorded no fresh load to compare with")
+        if log is None:
+            raise LoadNotFresh("no record of the load (it did not run on this rank)")
+        found = check(model, record, log)
+        if found.problems:
+            shown = found.problems[:6]
+            more = len(found.problems) - len(shown)
+            raise LoadNotFresh(
+                "the load differs from a fresh load: "
+                + "; ".join(shown)
+                + (f"; and {more} more" if more > 0 else "")
+            )
+        return RankVerify(
+            rank=rank,
+            parameters=found.parameters,
+            written=found.written,
+            tied=found.tied,
+            modules=found.modules,
+            ties=found.ties,
+            repaired=dict(log.repaired),
+            seconds=time.perf_counter() - start,
+        ).to_dict()
+    except Exception as err:
+        return _failure(rank, err, "verify").to_dict()
 
 
 def weights_digest(model: Any) -> tuple[str, int, int]:
@@ -255,7 +354,9 @@ def weights_digest(model: Any) -> tuple[str, int, int]:
     one's name and the sha256 of its dtype, shape and bytes), the number of tensors and the
     bytes hashed. A weight vLLM's CPU kernels packed away (an empty parameter) counts with
     the hash recorded as it was packed (:mod:`~initpipe_vllm.hook.packed`); one packed with
-    no record raises (the digest would not cover it). Tensors are hashed on a thread pool
+    no record raises (the digest would not cover it). A layer whose kernel packed a copy and
+    kept its weight (an embedding, a head) counts twice: the weight, and the copy's record
+    as ``<name><packed>`` (a head left on an old copy has another digest). Tensors are hashed on a thread pool
     (``hashlib`` releases the GIL); a tensor off the CPU is copied to it first."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -283,6 +384,9 @@ def weights_digest(model: Any) -> tuple[str, int, int]:
                 continue
             pending[full] = pool.submit(tensor_hash, t)
             hashed += int(t.numel()) * int(t.element_size())
+            if name == "weight" and (packed := packed_weight_hash(module)) is not None:
+                # a kernel that packed a copy and kept the weight: what it computes with
+                hashes[f"{full}<packed>"] = f"packed:{packed}"
         for full, future in pending.items():
             hashes[full] = future.result()
     h = hashlib.sha256()

@@ -1,0 +1,348 @@
+"""What a fresh load of the model writes, derives and ties; the proof that a refit's reload
+did the same; and the repair of what vLLM's layerwise reload leaves behind.
+
+What belongs here: :class:`FreshLoad` (recorded on every rank when the pipelined worker
+loads the model: the modules whose post-load processing a fresh load runs, and the groups
+of parameters that share storage), :func:`tracking_reload` (while vLLM's
+``reload_weights`` runs: which layers vLLM's layerwise reload processed and which of their
+tensors it wrote, read from vLLM's own bookkeeping), :func:`repair` (vLLM's own post-load
+processing re-run on a layer the reload left unprocessed because all its weights are tied
+to another layer's) and :func:`check` (coverage and aliasing, each failure a line naming
+the tensor or module).
+
+Why: vLLM's layerwise reload processes a layer once all of *its own* weights arrive. A
+layer whose weight is another layer's (a tied ``lm_head``: ``lm_head.weight is
+embed_tokens.weight``) receives nothing from the checkpoint, so vLLM puts its old kernel
+tensors back ("Failed to load weights") and never re-runs its post-load processing. The
+storage is shared, so the weight itself is new; but whatever the processing derived from it
+is not. On the CPU platform that is the packed GEMM kernel (``dispatch_cpu_unquantized_gemm``
+copies the weight into a oneDNN or sgl-kernel handle): the head keeps computing logits with
+the old weights. A fresh load runs that processing on every module with a quantization
+method (``process_weights_after_loading`` in vLLM's model loader); :func:`repair` runs the
+same call on the modules the reload skipped, and :func:`check` proves afterwards that every
+module a fresh load processes was processed again.
+
+Importing this module imports neither torch nor vLLM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+
+from ..contract.declare import vllm_uses
+
+__all__ = [
+    "FRESH_ATTR",
+    "FreshLoad",
+    "ReloadLog",
+    "check",
+    "fresh_load",
+    "record_fresh_load",
+    "repair",
+    "tracking_reload",
+    "unrepairable",
+]
+
+#: Where :func:`record_fresh_load` keeps its record on the model.
+FRESH_ATTR = "_initpipe_fresh_load"
+
+#: Post-load processing initpipe re-runs on a tied layer the reload skipped: methods whose
+#: processing reads the weight and leaves it as it is (the unquantized embedding's: on CPU
+#: it packs a copy into a GEMM kernel, elsewhere it does nothing).
+REPAIRABLE = ("UnquantizedEmbeddingMethod",)
+
+
+@attrs.frozen(kw_only=True)
+class FreshLoad:
+    """What a fresh load of this rank's model did, recorded once it finished.
+
+    Attributes:
+        derived: the modules (qualified names) whose post-load processing a fresh load runs
+            and which hold parameters: what they derive (packed kernels, repacked or
+            absorbed tensors) depends on the weights.
+        ties: the groups of two or more parameter names that share storage (each sorted,
+            the groups sorted): ``lm_head.weight`` with ``model.embed_tokens.weight`` on a
+            tied model.
+        methods: each derived module's post-load processing (its quantization method's or
+            attention's class name).
+    """
+
+    derived: frozenset[str]
+    ties: tuple[tuple[str, ...], ...]
+    methods: dict[str, str] = attrs.field(factory=dict, hash=False)
+
+
+def _storage(t: Any) -> int | None:
+    """The storage a tensor's bytes live in (None: empty, meta, or no storage)."""
+    try:
+        if t.numel() == 0 or t.is_meta:
+            return None
+        return int(t.untyped_storage().data_ptr())
+    except (RuntimeError, ValueError, AttributeError):
+        return None
+
+
+def _params(model: Any) -> list[tuple[str, str, Any, Any]]:
+    """``(module name, parameter name, module, parameter)`` for every parameter of every
+    module, tied ones under each of their names."""
+    out = []
+    for mname, module in model.named_modules(remove_duplicate=False):
+        for pname, p in module._parameters.items():
+            if p is not None:
+                out.append((mname, pname, module, p))
+    return out
+
+
+def _full(mname: str, pname: str) -> str:
+    return f"{mname}.{pname}" if mname else pname
+
+
+def ties_of(model: Any) -> tuple[tuple[str, ...], ...]:
+    """The groups of parameter names sharing storage (see :attr:`FreshLoad.ties`)."""
+    by_storage: dict[int, set[str]] = {}
+    for mname, pname, _m, p in _params(model):
+        ptr = _storage(p)
+        if ptr is not None:
+            by_storage.setdefault(ptr, set()).add(_full(mname, pname))
+    return tuple(sorted(tuple(sorted(g)) for g in by_storage.values() if len(g) > 1))
+
+
+@vllm_uses(
+    "refit",
+    mirrors=("vllm.model_executor.model_loader.utils:process_weights_after_loading",),
+    calls=(
+        "vllm.model_executor.layers.quantization.base_config:QuantizeMethodBase",
+        "vllm.model_executor.layers.attention:is_deferred_attention_layer",
+    ),
+)
+def _derived(model: Any) -> dict[str, str]:
+    """The modules vLLM's fresh load post-processes (a quantization method, or a deferred
+    attention layer), that hold parameters: name -> the processing's class name."""
+    from vllm.model_executor.layers.attention import is_deferred_attention_layer
+    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+
+    out = {}
+    for name, module in model.named_modules():
+        if not any(p is not None for p in module._parameters.values()):
+            continue
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, QuantizeMethodBase):
+            out[name] = type(method).__name__
+        elif is_deferred_attention_layer(module):
+            out[name] = type(module).__name__
+    return out
+
+
+def record_fresh_load(model: Any) -> FreshLoad:
+    """Record what a fresh load of ``model`` (just loaded and processed) holds, on the
+    model itself (:data:`FRESH_ATTR`); return it."""
+    methods = _derived(model)
+    record = FreshLoad(derived=frozenset(methods), ties=ties_of(model), methods=methods)
+    object.__setattr__(model, FRESH_ATTR, record)
+    return record
+
+
+def fresh_load(model: Any) -> FreshLoad | None:
+    """The record :func:`record_fresh_load` kept on ``model`` (None: none)."""
+    return getattr(model, FRESH_ATTR, None)
+
+
+def unrepairable(model: Any, record: FreshLoad) -> list[str]:
+    """The modules a layerwise reload would leave unprocessed (every parameter tied to
+    another module's) whose processing initpipe cannot re-run safely, as lines (empty: a
+    refit can proceed). Checked before anything changes."""
+    owners: dict[int, set[str]] = {}
+    for mname, _pname, _m, p in _params(model):
+        ptr = _storage(p)
+        if ptr is not None:
+            owners.setdefault(ptr, set()).add(mname)
+    lines = []
+    for name in sorted(record.derived):
+        module = model.get_submodule(name)
+        ptrs = [_storage(p) for p in module._parameters.values() if p is not None]
+        tied = [p for p in ptrs if p is not None and len(owners.get(p, ())) > 1]
+        if ptrs and len(tied) == len(ptrs) and record.methods.get(name) not in REPAIRABLE:
+            other = sorted(owners[tied[0]] - {name})
+            lines.append(
+                f"{name} ({record.methods.get(name)}) shares all its weights with "
+                f"{', '.join(other)}: vLLM's layerwise reload would leave its post-load "
+                "processing undone, and initpipe re-runs only "
+                f"{', '.join(REPAIRABLE)}'s"
+            )
+    return lines
+
+
+# -- the reload -----------------------------------------------------------------------------
+@attrs.define
+class ReloadLog:
+    """What vLLM's layerwise reload did, layer by layer (filled by :func:`tracking_reload`).
+
+    Attributes:
+        processed: module name -> how it was processed (``layerwise``, ``attention`` or,
+            after :func:`repair`, ``repaired``).
+        written: module name -> the names of its tensors a weight loader wrote.
+        partial: module name -> ``(elements loaded, elements expected)`` where the layer was
+            processed before all its elements arrived.
+        repaired: the modules :func:`repair` re-processed, each with the module it is tied
+            to.
+    """
+
+    processed: dict[str, str] = attrs.field(factory=dict)
+    written: dict[str, set[str]] = attrs.field(factory=dict)
+    partial: dict[str, tuple[int, int]] = attrs.field(factory=dict)
+    repaired: dict[str, str] = attrs.field(factory=dict)
+
+
+@vllm_uses(
+    "refit",
+    mirrors=(
+        "vllm.model_executor.model_loader.reload.layerwise:_layerwise_process",
+        "vllm.model_executor.model_loader.reload.layerwise:_finalize_attention_layer",
+        "vllm.model_executor.model_loader.reload.types:LayerReloadingInfo",
+    ),
+)
+@contextlib.contextmanager
+def tracking_reload(model: Any) -> Iterator[ReloadLog]:
+    """Inside: every layer vLLM's layerwise reload processes is logged with the tensors
+    its weight loaders wrote (vLLM's own ``info.loaded_weights``) and whether all the
+    layer's elements arrived (``load_numel`` against ``load_numel_total``). vLLM's
+    functions run unchanged."""
+    import vllm.model_executor.model_loader.reload.layerwise as layerwise
+
+    names = {id(m): n for n, m in model.named_modules()}
+    log = ReloadLog()
+    process, finalize = layerwise._layerwise_process, layerwise._finalize_attention_layer
+
+    def note(layer: Any, info: Any, how: str) -> None:
+        name = names.get(id(layer))
+        if name is None:
+            return
+        log.processed[name] = how
+        log.written.setdefault(name, set()).update(n for n, _args in info.loaded_weights)
+        total = info.load_numel_total
+        if how == "layerwise" and total is not None and 0 < info.load_numel < total:
+            log.partial[name] = (int(info.load_numel), int(total))
+
+    def logged_process(layer: Any, info: Any) -> Any:
+        note(layer, info, "layerwise")
+        return process(layer, info)
+
+    def logged_finalize(layer: Any, info: Any, model_config: Any) -> Any:
+        note(layer, info, "attention")
+        return finalize(layer, info, model_config)
+
+    layerwise._layerwise_process = logged_process
+    layerwise._finalize_attention_layer = logged_finalize
+    try:
+        yield log
+    finally:
+        layerwise._layerwise_process = process
+        layerwise._finalize_attention_layer = finalize
+
+
+def _written_storages(model: Any, log: ReloadLog) -> dict[int, str]:
+    """storage -> a parameter name the reload wrote into it."""
+    out: dict[int, str] = {}
+    for mname, pname, _m, p in _params(model):
+        if pname in log.written.get(mname, ()):
+            ptr = _storage(p)
+            if ptr is not None:
+                out.setdefault(ptr, _full(mname, pname))
+    return out
+
+
+@vllm_uses(
+    "refit",
+    calls=(
+        "vllm.model_executor.layers.vocab_parallel_embedding:"
+        "UnquantizedEmbeddingMethod.process_weights_after_loading",
+    ),
+)
+def repair(model: Any, record: FreshLoad, log: ReloadLog) -> dict[str, str]:
+    """Re-run vLLM's post-load processing on each module a fresh load processes that the
+    reload left unprocessed while every one of its parameters shares storage with one the
+    reload wrote (a tied head). Only :data:`REPAIRABLE` methods; the others are left to
+    :func:`check`, which fails. Returns module -> the parameter it is tied to."""
+    written = _written_storages(model, log)
+    done = {}
+    for name in sorted(record.derived - set(log.processed)):
+        module = model.get_submodule(name)
+        method = getattr(module, "quant_method", None)
+        if type(method).__name__ not in REPAIRABLE:
+            continue
+        ptrs = [_storage(p) for p in module._parameters.values() if p is not None]
+        if not ptrs or not all(p is not None and p in written for p in ptrs):
+            continue
+        method.process_weights_after_loading(module)
+        log.processed[name] = "repaired"
+        done[name] = written[ptrs[0]]  # type: ignore[index]
+    log.repaired.update(done)
+    return done
+
+
+@attrs.frozen(kw_only=True)
+class Coverage:
+    """What :func:`check` compared, for the receipt."""
+
+    problems: tuple[str, ...]
+    parameters: int
+    written: int
+    tied: int
+    modules: int
+    ties: int
+
+
+def check(model: Any, record: FreshLoad, log: ReloadLog) -> Coverage:
+    """Compare the reload with the fresh load: every parameter written (by its own loader,
+    or through the storage it shares with one that was: a tie), no layer processed with
+    part of its elements, every module a fresh load processes processed again, and the
+    same groups of parameters sharing storage. One line per failure, naming it."""
+    problems: list[str] = []
+    written = _written_storages(model, log)
+    params = _params(model)
+    n_written = n_tied = 0
+    for mname, pname, _m, p in params:
+        full = _full(mname, pname)
+        if pname in log.written.get(mname, ()):
+            n_written += 1
+            continue
+        ptr = _storage(p)
+        if ptr is not None and ptr in written:
+            n_tied += 1
+            continue
+        problems.append(
+            f"{full} was not written by this load (a fresh load writes every parameter): "
+            "the checkpoint lacks it or its loader skipped it"
+        )
+    for name, (got, want) in sorted(log.partial.items()):
+        problems.append(
+            f"{name} was processed with {got} of its {want} elements loaded: the rest hold "
+            "no checkpoint data"
+        )
+    for name in sorted(record.derived - set(log.processed)):
+        problems.append(
+            f"{name}: its post-load processing ({record.methods.get(name)}) was not re-run, "
+            "so what it derives from the weights (a packed kernel, a repacked tensor) "
+            "still holds the old ones"
+        )
+    now = ties_of(model)
+    if now != record.ties:
+        gone = sorted(set(record.ties) - set(now))
+        new = sorted(set(now) - set(record.ties))
+        problems += [f"tie undone: {' and '.join(g)} no longer share storage" for g in gone]
+        problems += [
+            f"new tie: {' and '.join(g)} share storage, which a fresh load does not do"
+            for g in new
+        ]
+    return Coverage(
+        problems=tuple(problems),
+        parameters=len(params),
+        written=n_written,
+        tied=n_tied,
+        modules=len(record.derived),
+        ties=len(record.ties),
+    )
