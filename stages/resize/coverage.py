@@ -88,9 +88,10 @@ def _storage(t: Any) -> int | None:
 
 def _params(model: Any) -> list[tuple[str, str, Any, Any]]:
     """``(module name, parameter name, module, parameter)`` for every parameter of every
-    module, tied ones under each of their names."""
+    module (a module reachable by two paths once, under its first name; a parameter two
+    modules share, under each)."""
     out = []
-    for mname, module in model.named_modules(remove_duplicate=False):
+    for mname, module in model.named_modules():
         for pname, p in module._parameters.items():
             if p is not None:
                 out.append((mname, pname, module, p))
@@ -151,28 +152,40 @@ def fresh_load(model: Any) -> FreshLoad | None:
     return getattr(model, FRESH_ATTR, None)
 
 
+@vllm_uses(
+    "refit",
+    mirrors=("vllm.model_executor.model_loader.weight_tying:_get_untied_lm_head",),
+    calls=("vllm.model_executor.layers.vocab_parallel_embedding:VocabParallelEmbedding",),
+)
 def unrepairable(model: Any, record: FreshLoad) -> list[str]:
-    """The modules a layerwise reload would leave unprocessed (every parameter tied to
-    another module's) whose processing initpipe cannot re-run safely, as lines (empty: a
-    refit can proceed). Checked before anything changes."""
-    owners: dict[int, set[str]] = {}
-    for mname, _pname, _m, p in _params(model):
+    """The tied heads a layerwise reload would leave unprocessed and initpipe cannot
+    re-process safely, as lines (empty: a refit can proceed). Checked before anything
+    changes. A tied head is found as vLLM's own weight tying finds one, by type: a
+    vocabulary embedding or head (``VocabParallelEmbedding``) whose weight is another's;
+    the checkpoint loads one of them, and the other is left unprocessed. Any other module
+    left unprocessed is caught after the load (:func:`check`), and the refit fails closed."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    by_storage: dict[int, dict[int, tuple[str, Any]]] = {}
+    for mname, _pname, module, p in _params(model):
         ptr = _storage(p)
-        if ptr is not None:
-            owners.setdefault(ptr, set()).add(mname)
+        if ptr is not None and isinstance(module, VocabParallelEmbedding):
+            by_storage.setdefault(ptr, {}).setdefault(id(module), (mname, module))
     lines = []
-    for name in sorted(record.derived):
-        module = model.get_submodule(name)
-        ptrs = [_storage(p) for p in module._parameters.values() if p is not None]
-        tied = [p for p in ptrs if p is not None and len(owners.get(p, ())) > 1]
-        if ptrs and len(tied) == len(ptrs) and record.methods.get(name) not in REPAIRABLE:
-            other = sorted(owners[tied[0]] - {name})
-            lines.append(
-                f"{name} ({record.methods.get(name)}) shares all its weights with "
-                f"{', '.join(other)}: vLLM's layerwise reload would leave its post-load "
-                "processing undone, and initpipe re-runs only "
-                f"{', '.join(REPAIRABLE)}'s"
-            )
+    for group in by_storage.values():
+        if len(group) < 2:
+            continue
+        names = sorted(n for n, _m in group.values())
+        for name, module in sorted(group.values(), key=lambda x: x[0]):
+            method = type(getattr(module, "quant_method", None)).__name__
+            if name in record.derived and method not in REPAIRABLE:
+                others = ", ".join(n for n in names if n != name)
+                lines.append(
+                    f"{name} ({method}) is tied to {others}: vLLM's layerwise reload "
+                    "leaves one of them unprocessed, and initpipe re-runs only "
+                    f"{', '.join(REPAIRABLE)}'s processing (restart the engine on the "
+                    "new weights instead)"
+                )
     return lines
 
 
