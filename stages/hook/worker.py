@@ -424,10 +424,15 @@ class _TracedWorkerMixin:
         # on CPU: the hash of each weight packed into a kernel handle, for a refit's digest
         from .packed import recording_packed_weights
 
-        with self._initpipe_span("load_model (weights)"), recording_packed_weights():
-            result = super().load_model(*args, **kwargs)  # type: ignore[misc]
         # what a fresh load wrote, derived and tied: a refit's reload is checked against it
-        from ..resize.coverage import record_fresh_load
+        from ..resize.coverage import record_fresh_load, watching_fresh_load
+
+        with (
+            self._initpipe_span("load_model (weights)"),
+            recording_packed_weights(),
+            watching_fresh_load(),
+        ):
+            result = super().load_model(*args, **kwargs)  # type: ignore[misc]
 
         record_fresh_load(self.model_runner.get_model())  # type: ignore[attr-defined]
         return result

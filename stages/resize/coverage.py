@@ -28,6 +28,7 @@ Importing this module imports neither torch nor vLLM.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -69,11 +70,16 @@ class FreshLoad:
             tied model.
         methods: each derived module's post-load processing (its quantization method's or
             attention's class name).
+        kept: the parameters (qualified names) the fresh load's post-load processing left
+            exactly as the loaders wrote them (same tensor, shape, dtype, no in-place
+            write): their bytes after a reload must be the checkpoint's. None: the load
+            could not be watched (a loader with its own ``load_model``).
     """
 
     derived: frozenset[str]
     ties: tuple[tuple[str, ...], ...]
     methods: dict[str, str] = attrs.field(factory=dict, hash=False)
+    kept: frozenset[str] | None = None
 
 
 def _storage(t: Any) -> int | None:
@@ -138,11 +144,100 @@ def _derived(model: Any) -> dict[str, str]:
     return out
 
 
+class _WriteLog:
+    """A torch dispatch mode that collects the storages every in-place op writes (each op
+    whose schema marks an argument written), and hands each ``copy_`` to ``on_copy``."""
+
+    def __new__(cls, on_copy: Any = None) -> Any:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class WriteLog(TorchDispatchMode):
+            def __init__(self) -> None:
+                super().__init__()
+                self.written: set[int] = set()
+
+            def __torch_dispatch__(
+                self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+            ) -> Any:
+                kwargs = kwargs or {}
+                for i, arg in enumerate(func._schema.arguments):
+                    if arg.alias_info is None or not arg.alias_info.is_write:
+                        continue
+                    t = args[i] if i < len(args) else kwargs.get(arg.name)
+                    ptr = _storage(t) if hasattr(t, "untyped_storage") else None
+                    if ptr is not None:
+                        self.written.add(ptr)
+                out = func(*args, **kwargs)
+                if on_copy is not None and func is _copy_op() and len(args) >= 2:
+                    on_copy(args[0], args[1])
+                return out
+
+        return WriteLog()
+
+
+def _copy_op() -> Any:
+    import torch
+
+    return torch.ops.aten.copy_.default
+
+
+def _snapshot(model: Any) -> dict[str, tuple[int, Any, tuple[int, ...], Any]]:
+    """name -> (tensor id, storage, shape, dtype) of every parameter."""
+    out = {}
+    for mname, pname, _m, p in _params(model):
+        out[_full(mname, pname)] = (id(p), _storage(p), tuple(p.shape), p.dtype)
+    return out
+
+
+#: model id -> the parameters its fresh load's post-load processing left as loaded
+_KEPT: dict[int, frozenset[str]] = {}
+
+
+@vllm_uses(
+    "refit",
+    mirrors=("vllm.model_executor.model_loader.base_loader:BaseModelLoader.load_model",),
+    calls=("vllm.model_executor.model_loader.utils:process_weights_after_loading",),
+)
+@contextlib.contextmanager
+def watching_fresh_load() -> Iterator[None]:
+    """Inside (the pipelined worker's ``load_model``): vLLM's post-load processing runs
+    as it would, watched — which parameters it leaves exactly as the loaders wrote them
+    (:attr:`FreshLoad.kept`). Nothing else changes."""
+    import vllm.model_executor.model_loader.base_loader as base_loader
+
+    original = base_loader.process_weights_after_loading
+
+    def watched(model: Any, *args: Any, **kwargs: Any) -> Any:
+        before = _snapshot(model)
+        with _WriteLog() as log:
+            out = original(model, *args, **kwargs)
+        after = _snapshot(model)
+        _KEPT[id(model)] = frozenset(
+            name
+            for name, (tid, ptr, shape, dtype) in before.items()
+            if after.get(name) == (tid, ptr, shape, dtype)
+            and ptr is not None
+            and ptr not in log.written
+        )
+        return out
+
+    base_loader.process_weights_after_loading = watched
+    try:
+        yield
+    finally:
+        base_loader.process_weights_after_loading = original
+
+
 def record_fresh_load(model: Any) -> FreshLoad:
     """Record what a fresh load of ``model`` (just loaded and processed) holds, on the
     model itself (:data:`FRESH_ATTR`); return it."""
     methods = _derived(model)
-    record = FreshLoad(derived=frozenset(methods), ties=ties_of(model), methods=methods)
+    record = FreshLoad(
+        derived=frozenset(methods),
+        ties=ties_of(model),
+        methods=methods,
+        kept=_KEPT.pop(id(model), None),
+    )
     object.__setattr__(model, FRESH_ATTR, record)
     return record
 
@@ -208,6 +303,11 @@ class ReloadLog:
     written: dict[str, set[str]] = attrs.field(factory=dict)
     partial: dict[str, tuple[int, int]] = attrs.field(factory=dict)
     repaired: dict[str, str] = attrs.field(factory=dict)
+    #: each loader copy into a parameter: (module, parameter, offset from the
+    #: parameter's own, shape, stride, dtype, sha256 of the source as the parameter's dtype)
+    copies: list[tuple[str, str, int, tuple[int, ...], tuple[int, ...], Any, str]] = (
+        attrs.field(factory=list)
+    )
 
 
 @vllm_uses(
@@ -215,6 +315,7 @@ class ReloadLog:
     mirrors=(
         "vllm.model_executor.model_loader.reload.layerwise:_layerwise_process",
         "vllm.model_executor.model_loader.reload.layerwise:_finalize_attention_layer",
+        "vllm.model_executor.model_loader.reload.layerwise:_get_original_loader",
         "vllm.model_executor.model_loader.reload.types:LayerReloadingInfo",
     ),
 )
@@ -226,9 +327,46 @@ def tracking_reload(model: Any) -> Iterator[ReloadLog]:
     functions run unchanged."""
     import vllm.model_executor.model_loader.reload.layerwise as layerwise
 
+    from ..hook.packed import tensor_hash
+
     names = {id(m): n for n, m in model.named_modules()}
     log = ReloadLog()
     process, finalize = layerwise._layerwise_process, layerwise._finalize_attention_layer
+    original_loader = layerwise._get_original_loader
+    current: list[Any] = []  # the layer being processed
+
+    def on_copy(dst: Any, src: Any) -> None:
+        layer = current[-1] if current else None
+        ptr = _storage(dst)
+        if layer is None or ptr is None or dst.numel() != src.numel():
+            return
+        for pname, t in layer._parameters.items():
+            if t is not None and _storage(t) == ptr:
+                data = src.detach().to(dst.dtype).reshape(dst.shape)
+                log.copies.append(
+                    (
+                        names[id(layer)],
+                        pname,
+                        int(dst.storage_offset() - t.storage_offset()),
+                        tuple(dst.shape),
+                        tuple(dst.stride()),
+                        dst.dtype,
+                        tensor_hash(data),
+                    )
+                )
+                return
+
+    def watched_loader(tensor: Any) -> Any:
+        loader = original_loader(tensor)
+        if not current:
+            return loader
+
+        @functools.wraps(loader)
+        def load(*args: Any, **kwargs: Any) -> Any:
+            with _WriteLog(on_copy):
+                return loader(*args, **kwargs)
+
+        return load
 
     def note(layer: Any, info: Any, how: str) -> None:
         name = names.get(id(layer))
@@ -242,7 +380,11 @@ def tracking_reload(model: Any) -> Iterator[ReloadLog]:
 
     def logged_process(layer: Any, info: Any) -> Any:
         note(layer, info, "layerwise")
-        return process(layer, info)
+        current.append(layer)
+        try:
+            return process(layer, info)
+        finally:
+            current.pop()
 
     def logged_finalize(layer: Any, info: Any, model_config: Any) -> Any:
         note(layer, info, "attention")
@@ -250,11 +392,13 @@ def tracking_reload(model: Any) -> Iterator[ReloadLog]:
 
     layerwise._layerwise_process = logged_process
     layerwise._finalize_attention_layer = logged_finalize
+    layerwise._get_original_loader = watched_loader
     try:
         yield log
     finally:
         layerwise._layerwise_process = process
         layerwise._finalize_attention_layer = finalize
+        layerwise._get_original_loader = original_loader
 
 
 def _written_storages(model: Any, log: ReloadLog) -> dict[int, str]:
@@ -307,13 +451,16 @@ class Coverage:
     tied: int
     modules: int
     ties: int
+    bytes_compared: int = 0
+    tensors_compared: int = 0
 
 
 def check(model: Any, record: FreshLoad, log: ReloadLog) -> Coverage:
     """Compare the reload with the fresh load: every parameter written (by its own loader,
     or through the storage it shares with one that was: a tie), no layer processed with
-    part of its elements, every module a fresh load processes processed again, and the
-    same groups of parameters sharing storage. One line per failure, naming it."""
+    part of its elements, every module a fresh load processes processed again, the same
+    groups of parameters sharing storage, and where a fresh load keeps a parameter as
+    loaded, the checkpoint's bytes in it. One line per failure, naming it."""
     problems: list[str] = []
     written = _written_storages(model, log)
     params = _params(model)
@@ -351,6 +498,7 @@ def check(model: Any, record: FreshLoad, log: ReloadLog) -> Coverage:
             f"new tie: {' and '.join(g)} share storage, which a fresh load does not do"
             for g in new
         ]
+    compared, n_bytes = _compare_bytes(model, record, log, problems)
     return Coverage(
         problems=tuple(problems),
         parameters=len(params),
@@ -358,4 +506,38 @@ def check(model: Any, record: FreshLoad, log: ReloadLog) -> Coverage:
         tied=n_tied,
         modules=len(record.derived),
         ties=len(record.ties),
+        bytes_compared=n_bytes,
+        tensors_compared=compared,
     )
+
+
+def _compare_bytes(
+    model: Any, record: FreshLoad, log: ReloadLog, problems: list[str]
+) -> tuple[int, int]:
+    """Each loader copy into a parameter a fresh load keeps as loaded: the engine's bytes
+    there now must be the source's. Appends a line per parameter that differs; returns
+    the parameters and bytes compared."""
+    from ..hook.packed import tensor_hash
+
+    if record.kept is None:
+        return 0, 0
+    seen: set[str] = set()
+    bad: set[str] = set()
+    n_bytes = 0
+    for mname, pname, offset, shape, stride, dtype, digest in log.copies:
+        full = _full(mname, pname)
+        if full not in record.kept:
+            continue
+        t = model.get_submodule(mname)._parameters.get(pname)
+        if t is None or t.numel() == 0:
+            continue
+        region = t.detach().as_strided(shape, stride, t.storage_offset() + offset)
+        seen.add(full)
+        n_bytes += region.numel() * region.element_size()
+        if tensor_hash(region.to(dtype)) != digest and full not in bad:
+            bad.add(full)
+            problems.append(
+                f"{full} holds other bytes than the checkpoint tensor its loader copied "
+                "(a fresh load leaves it as loaded)"
+            )
+    return len(seen), n_bytes

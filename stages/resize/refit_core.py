@@ -200,6 +200,7 @@ def _verify(live: Refit) -> None:
     """Every rank's load against the fresh load its engine started with (coverage, ties,
     the modules whose processing initpipe re-ran): a difference fails the refit closed."""
     answers: list[RankVerify] = _on_ranks(live, "verify", rank_verify, RankVerify)
+    live.moved["verify"] = sum(a.bytes_compared for a in answers)
     first = min(answers, key=lambda a: a.rank)
     repaired: dict[str, str] = {}
     for a in answers:
@@ -213,6 +214,10 @@ def _verify(live: Refit) -> None:
             f"{first.modules} modules' post-load processing re-run, as a fresh load does"
         ),
         ties=f"{first.ties} groups of parameters sharing storage, as a fresh load has",
+        bytes=(
+            f"{first.tensors_compared} parameters kept as loaded hold the checkpoint's "
+            f"bytes ({sum(a.bytes_compared for a in answers)} bytes compared)"
+        ),
         repaired={k: f"tied to {v}: vLLM's reload skipped it" for k, v in repaired.items()},
     )
 

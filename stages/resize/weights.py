@@ -275,6 +275,8 @@ class RankVerify(RankRecord):
     tied: int
     modules: int
     ties: int
+    tensors_compared: int
+    bytes_compared: int
     repaired: dict[str, str]
     seconds: float
 
@@ -342,6 +344,8 @@ def rank_verify(wrapper: Any) -> dict[str, Any]:
             tied=found.tied,
             modules=found.modules,
             ties=found.ties,
+            tensors_compared=found.tensors_compared,
+            bytes_compared=found.bytes_compared,
             repaired=dict(log.repaired),
             seconds=time.perf_counter() - start,
         ).to_dict()

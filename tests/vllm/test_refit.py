@@ -49,6 +49,7 @@ LOOP = {"v1": 20, "v2": 4}
 FAULT_STEPS = (
     "teardown",
     "load",
+    "verify",
     "digest",
     "kv_phase",
     "warmup",
@@ -275,6 +276,11 @@ def _fault(llm: Any, step: str) -> Iterator[None]:
             yield
     elif step == "load":
         with _patched(worker, "reload_weights", _half_load):
+            yield
+    elif step == "verify":
+        import initpipe_vllm.resize.coverage as coverage_module
+
+        with _patched(coverage_module, "check", _raising(msg)):
             yield
     elif step == "digest":
         with _patched(weights_module, "weights_digest", _raising(msg)):
@@ -593,6 +599,7 @@ def test_the_receipt_lists_every_step_with_its_time_and_bytes(result: Any) -> No
         "pause",
         "teardown",
         "load",
+        "verify",
         "digest",
         "kv_phase",
         "warmup",

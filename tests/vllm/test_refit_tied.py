@@ -16,7 +16,8 @@ MRv2) and tiny-lfm2 (LFM2, tied, a conv/attention hybrid; v1), seeded weights A 
   receipt naming the repaired head;
 - planted bugs, each failing the refit closed at ``verify`` naming the culprit, then a
   retry that succeeds: a loader that skips one parameter, a tie undone after the load, the
-  head's packed kernel not re-derived (initpipe's repair switched off).
+  head's packed kernel not re-derived (initpipe's repair switched off), and a parameter a
+  fresh load keeps as loaded holding other bytes than the checkpoint's after the load.
 
 Run as a script (``python test_refit_tied.py OUT.json WEIGHTS_DIR``) it is that subprocess
 (``INITPIPE_TIED_MODEL`` names the model).
@@ -40,7 +41,7 @@ CASES = [("tiny-qwen3", "v1"), ("tiny-qwen3", "v2"), ("tiny-lfm2", "v1")]
 #: the parameter the planted loader skips
 SKIPPED = "model.layers.0.mlp.down_proj.weight"
 SKIPPED_LFM2 = "model.layers.0.feed_forward.w2.weight"
-PLANTED = ("skipped_parameter", "tie_undone", "kernel_not_rederived")
+PLANTED = ("skipped_parameter", "tie_undone", "kernel_not_rederived", "other_bytes")
 
 
 # -- the subprocess ------------------------------------------------------------------------
@@ -164,6 +165,21 @@ def _planted(llm: Any, bug: str, skipped: str) -> Iterator[None]:
         finally:
             del worker.reload_weights
             model.lm_head.weight = model.model.embed_tokens.weight  # tied again, by hand
+    elif bug == "other_bytes":  # the engine ends up holding other bytes than the checkpoint
+        original = worker.reload_weights
+
+        def reload_then_shift(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            target.data.add_(0.5)  # same shape, dtype and storage
+            return out
+
+        target = model.get_parameter(_shifted(llm))
+
+        worker.reload_weights = reload_then_shift
+        try:
+            yield
+        finally:
+            del worker.reload_weights
     elif bug == "kernel_not_rederived":  # initpipe's repair switched off
         repair = coverage.repair
         coverage.repair = lambda *_a, **_k: {}  # type: ignore[assignment]
@@ -173,6 +189,17 @@ def _planted(llm: Any, bug: str, skipped: str) -> Iterator[None]:
             coverage.repair = repair
     else:  # pragma: no cover
         raise ValueError(bug)
+
+
+def _shifted(llm: Any) -> str:
+    """The parameter the ``other_bytes`` bug shifts: the first a fresh load keeps as loaded
+    that is tied to none (a tied one is named by the name its loader wrote)."""
+    from initpipe_vllm.resize.coverage import fresh_load
+
+    record = fresh_load(_model(llm))
+    assert record is not None and record.kept
+    tied = {name for group in record.ties for name in group}
+    return sorted(record.kept - tied)[0]
 
 
 def _engine_under_test(a: Path, b: Path, skipped: str) -> dict[str, Any]:
@@ -211,6 +238,7 @@ def _engine_under_test(a: Path, b: Path, skipped: str) -> dict[str, Any]:
             "checks": retry.to_dict()["checks"],
         }
     rec["planted"] = planted
+    rec["shifted"] = _shifted(llm)
     _core(llm).shutdown()
     return rec
 
@@ -279,6 +307,8 @@ def test_the_receipt_says_what_was_checked_and_repaired(result: Any) -> None:
     assert "model.embed_tokens.weight" in checks["repaired"]["lm_head"]
     assert "1 through a tie" in checks["coverage"]
     assert checks["ties"].startswith("1 groups")
+    # the norms and the embedding are kept as loaded (the linear layers are packed on CPU)
+    assert int(checks["bytes"].split()[0]) > 0
 
 
 @pytest.mark.parametrize("bug", PLANTED)
@@ -293,6 +323,7 @@ def test_each_planted_bug_fails_the_refit_closed_naming_it(result: Any, bug: str
         "skipped_parameter": [f"{skipped} was not written", skipped.rsplit(".", 1)[0]],
         "tie_undone": ["tie undone: lm_head.weight and model.embed_tokens.weight"],
         "kernel_not_rederived": ["lm_head: its post-load processing"],
+        "other_bytes": [f"{result['engine']['shifted']} holds other bytes than the checkpoint"],
     }[bug]
     for words in named:
         assert words in err["message"], err["message"]
