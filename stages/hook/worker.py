@@ -422,10 +422,9 @@ class _TracedWorkerMixin:
     @vllm_uses(_BOTH, calls=(f"{_WORKER}.load_model",))
     def load_model(self, *args: Any, **kwargs: Any) -> Any:
         # on CPU: the hash of each weight packed into a kernel handle, for a refit's digest
-        from .packed import recording_packed_weights
-
         # what a fresh load wrote, derived and tied: a refit's reload is checked against it
         from ..resize.coverage import record_fresh_load, watching_fresh_load
+        from .packed import recording_packed_weights
 
         with (
             self._initpipe_span("load_model (weights)"),

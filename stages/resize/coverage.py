@@ -305,8 +305,8 @@ class ReloadLog:
     repaired: dict[str, str] = attrs.field(factory=dict)
     #: each loader copy into a parameter: (module, parameter, offset from the
     #: parameter's own, shape, stride, dtype, sha256 of the source as the parameter's dtype)
-    copies: list[tuple[str, str, int, tuple[int, ...], tuple[int, ...], Any, str]] = (
-        attrs.field(factory=list)
+    copies: list[tuple[str, str, int, tuple[int, ...], tuple[int, ...], Any, str]] = attrs.field(
+        factory=list
     )
 
 
@@ -429,7 +429,7 @@ def repair(model: Any, record: FreshLoad, log: ReloadLog) -> dict[str, str]:
     for name in sorted(record.derived - set(log.processed)):
         module = model.get_submodule(name)
         method = getattr(module, "quant_method", None)
-        if type(method).__name__ not in REPAIRABLE:
+        if method is None or type(method).__name__ not in REPAIRABLE:
             continue
         ptrs = [_storage(p) for p in module._parameters.values() if p is not None]
         if not ptrs or not all(p is not None and p in written for p in ptrs):
@@ -495,8 +495,7 @@ def check(model: Any, record: FreshLoad, log: ReloadLog) -> Coverage:
         new = sorted(set(now) - set(record.ties))
         problems += [f"tie undone: {' and '.join(g)} no longer share storage" for g in gone]
         problems += [
-            f"new tie: {' and '.join(g)} share storage, which a fresh load does not do"
-            for g in new
+            f"new tie: {' and '.join(g)} share storage, which a fresh load does not do" for g in new
         ]
     compared, n_bytes = _compare_bytes(model, record, log, problems)
     return Coverage(

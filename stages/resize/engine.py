@@ -690,15 +690,17 @@ def _check_for_refit(core: Any, _capability: str) -> list[RankStatus]:
         ("resize", "refit"),
     )
     engine_state(core).model_runner = statuses[0].model_runner
+    from .refit_core import weights_state
     from .weights import RankPrecheck, rank_precheck
 
+    ties: set[tuple[str, ...]] = set()
     for answer in _rpc(core, rank_precheck, RankPrecheck):
         if isinstance(answer, RankFailure):
             raise refit_refused("engine", f"rank {answer.rank}: {answer.error}")
         if answer.problems:
-            raise refit_refused(
-                "engine", f"rank {answer.rank}: " + "; ".join(answer.problems)
-            )
+            raise refit_refused("engine", f"rank {answer.rank}: " + "; ".join(answer.problems))
+        ties.update(tuple(g) for g in answer.ties)
+    weights_state(core).ties = tuple(sorted(ties))
     return statuses
 
 

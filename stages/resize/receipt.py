@@ -107,9 +107,7 @@ class RefitReceipt:
         if self.checks:
             lines.append(
                 "  checked against a fresh load: "
-                + "; ".join(
-                    f"{k} {v}" for k, v in self.checks.items() if k != "repaired" and v
-                )
+                + "; ".join(f"{k} {v}" for k, v in self.checks.items() if k != "repaired" and v)
             )
             for module, why in dict(self.checks.get("repaired") or {}).items():
                 lines.append(f"  repaired: {module} ({why})")

@@ -51,13 +51,16 @@ from .weights import (
     RankVerify,
     Schema,
     Source,
+    casts,
     folder_schema,
     mismatches,
     rank_caches,
     rank_digest,
     rank_load,
     rank_verify,
+    same_tensor,
     tensors_schema,
+    tied_copies,
 )
 
 __all__ = [
@@ -92,6 +95,8 @@ class WeightsState:
     #: the checkpoint the engine's weights follow: names, shapes, dtypes, and where it is
     schema: Schema | None = None
     schema_from: str | None = None
+    #: the parameters that share storage on the ranks (from the last refit's checks)
+    ties: tuple[tuple[str, ...], ...] = ()
 
 
 def weights_state(core: Any) -> WeightsState:
@@ -210,9 +215,7 @@ def _verify(live: Refit) -> None:
             f"every parameter written on every rank: {first.written} by their loaders, "
             f"{first.tied} through a tie (rank {first.rank} of {len(answers)})"
         ),
-        derived=(
-            f"{first.modules} modules' post-load processing re-run, as a fresh load does"
-        ),
+        derived=(f"{first.modules} modules' post-load processing re-run, as a fresh load does"),
         ties=f"{first.ties} groups of parameters sharing storage, as a fresh load has",
         bytes=(
             f"{first.tensors_compared} parameters kept as loaded hold the checkpoint's "
@@ -443,6 +446,10 @@ class Prepared:
     weights_bytes: int
     stale: frozenset[Any]
     seconds: float
+    #: what the ranks load: the caller's, less a tied head's redundant copy
+    source: Source | None = None
+    #: dtype casts the loaders make, as a fresh load does (``"float32->bfloat16"`` -> count)
+    casts: dict[str, int] = attrs.field(factory=dict)
 
 
 def prepare(
@@ -480,13 +487,31 @@ def prepare(
     except (OSError, ValueError) as err:
         raise refused("weights", str(err)) from None
     reference, where = _reference(core, ws)
+    cast: dict[str, int] = {}
     if reference is not None:
-        bad = mismatches(reference, schema)
+        copies = tied_copies(reference, schema, ws.ties)
+        bad = mismatches(reference, schema, redundant=copies)
         if bad:
             shown = "; ".join(bad[:8]) + (f"; and {len(bad) - 8} more" if len(bad) > 8 else "")
             raise refused(
                 "weights", f"the new weights do not match the checkpoint at {where}: {shown}"
             )
+        for copy, tied in sorted(copies.items()):
+            if not same_tensor(source, copy, tied):
+                raise refused(
+                    "weights",
+                    f"{copy!r} differs from {tied!r}, to which this engine's model ties it: "
+                    "a fresh load of these weights would untie them (vLLM unties word "
+                    "embeddings when a checkpoint gives the head its own values), a "
+                    f"different model than this one; pass {copy!r} equal to {tied!r}, or "
+                    "leave it out (a tied model's named_parameters() does), or start a new "
+                    "engine on these weights",
+                )
+        if copies and source.tensors is not None:  # the model's loader skips them anyway
+            source = attrs.evolve(
+                source, tensors=tuple((n, t) for n, t in source.tensors if n not in copies)
+            )
+        cast = casts(reference, schema)
     before = int(core.scheduler.kv_cache_config.num_blocks) if st.state == "serving" else 0
     if num_blocks is None and kv_cache_memory_bytes is None:
         num_blocks = before or st.resume_blocks
@@ -515,6 +540,8 @@ def prepare(
         weights_bytes=size,
         stale=_hashes(core) if before else frozenset(),
         seconds=time.perf_counter() - start,
+        source=source,
+        casts=cast,
     )
 
 
@@ -562,6 +589,7 @@ def refit(
     start = time.perf_counter() - pause_s - prepared.seconds
     st, ws = engine_state(core), weights_state(core)
     p = prepared
+    source = p.source or source
     previous = _version(core)
     if prior_pause is None:
         prior_pause = core.scheduler.pause_state
@@ -625,6 +653,7 @@ def refit(
             "bytes": p.weights_bytes,
             "transport": transport,
             "checked_against": p.checked_against,
+            **({"cast": dict(p.casts)} if p.casts else {}),
         },
         blocks_before=p.before,
         blocks_after=p.new.num_blocks,

@@ -39,6 +39,7 @@ __all__ = [
     "RankVerify",
     "Schema",
     "Source",
+    "casts",
     "folder_schema",
     "mismatches",
     "rank_caches",
@@ -46,7 +47,9 @@ __all__ = [
     "rank_load",
     "rank_precheck",
     "rank_verify",
+    "same_tensor",
     "tensors_schema",
+    "tied_copies",
     "to_folder",
 ]
 
@@ -145,18 +148,78 @@ def tensors_schema(tensors: Iterable[tuple[str, Any]]) -> tuple[Schema, int]:
     return schema, size
 
 
-def mismatches(reference: Mapping[str, tuple[tuple[int, ...], str]], new: Schema) -> list[str]:
+#: dtypes a weight loader casts between, as a fresh load does (an fp32 checkpoint into a
+#: bf16 engine, say); any other dtype change (fp8 or integer, quantized weights) is refused
+CASTABLE = frozenset({"float64", "float32", "float16", "bfloat16"})
+
+
+def mismatches(
+    reference: Mapping[str, tuple[tuple[int, ...], str]],
+    new: Schema,
+    *,
+    redundant: Iterable[str] = (),
+) -> list[str]:
     """How ``new`` differs from the ``reference`` checkpoint: one line per tensor missing,
-    unexpected, of another shape or of another dtype (empty: it matches)."""
+    unexpected (but those in ``redundant``: a tied head's copy, checked apart), of another
+    shape, or of a dtype a fresh load would not cast from (empty: it matches)."""
     lines = [f"missing tensor {n!r}" for n in sorted(set(reference) - set(new))]
-    lines += [f"unexpected tensor {n!r}" for n in sorted(set(new) - set(reference))]
+    extra = set(new) - set(reference) - set(redundant)
+    lines += [f"unexpected tensor {n!r}" for n in sorted(extra)]
     for name in sorted(set(reference) & set(new)):
         (shape, dtype), (new_shape, new_dtype) = reference[name], new[name]
         if tuple(shape) != new_shape:
             lines.append(f"tensor {name!r} has shape {list(new_shape)}, expected {list(shape)}")
-        if dtype != new_dtype:
+        if dtype != new_dtype and not {dtype, new_dtype} <= CASTABLE:
             lines.append(f"tensor {name!r} has dtype {new_dtype}, expected {dtype}")
     return lines
+
+
+def casts(reference: Mapping[str, tuple[tuple[int, ...], str]], new: Schema) -> dict[str, int]:
+    """``"float32->bfloat16"`` -> how many tensors the loaders cast so (a fresh load casts
+    them the same way)."""
+    out: dict[str, int] = {}
+    for name in set(reference) & set(new):
+        have, want = new[name][1], reference[name][1]
+        if have != want:
+            out[f"{have}->{want}"] = out.get(f"{have}->{want}", 0) + 1
+    return out
+
+
+def tied_copies(
+    reference: Mapping[str, Any], new: Schema, ties: Iterable[Iterable[str]]
+) -> dict[str, str]:
+    """The tensors of ``new`` the reference lacks that are copies of a tied parameter the
+    new weights also hold (``lm_head.weight`` beside ``model.embed_tokens.weight`` in a
+    tied model's ``state_dict()``): copy -> the tensor it is tied to."""
+    out = {}
+    for group in ties:
+        names = list(group)
+        for name in names:
+            if name in new and name not in reference:
+                partner = next((n for n in names if n != name and n in new), None)
+                if partner is not None:
+                    out[name] = partner
+    return out
+
+
+def same_tensor(source: Source, a: str, b: str) -> bool:
+    """Whether the tensors ``a`` and ``b`` of ``source`` hold the same values."""
+    import torch
+
+    if source.tensors is not None:
+        found = dict(source.tensors)
+        x, y = found[a], found[b]
+    else:
+        from safetensors import safe_open
+
+        got: dict[str, Any] = {}
+        assert source.path is not None
+        for path in _safetensors_files(Path(source.path)):
+            with safe_open(str(path), framework="pt") as f:  # type: ignore[no-untyped-call]
+                for name in set(f.keys()) & {a, b}:
+                    got[name] = f.get_tensor(name)
+        x, y = got[a], got[b]
+    return bool(x.shape == y.shape and torch.equal(x.detach().cpu(), y.detach().cpu()))
 
 
 def to_folder(tensors: Iterable[tuple[str, Any]], parent: str | None = None) -> Path:
@@ -283,9 +346,12 @@ class RankVerify(RankRecord):
 
 @attrs.frozen(kw_only=True)
 class RankPrecheck(RankRecord):
-    """What on this rank a refit cannot load right (``rank_precheck``; empty: nothing)."""
+    """What on this rank a refit cannot load right (``rank_precheck``; empty: nothing),
+    and the groups of parameters that share storage (a tied head's checkpoint copy is then
+    recognised)."""
 
     problems: tuple[str, ...]
+    ties: tuple[tuple[str, ...], ...] = ()
 
 
 def rank_precheck(wrapper: Any) -> dict[str, Any]:
@@ -297,6 +363,7 @@ def rank_precheck(wrapper: Any) -> dict[str, Any]:
     try:
         model = _model(worker)
         record = fresh_load(model)
+        problems: tuple[str, ...]
         if record is None:
             problems = (
                 "the engine's start recorded no fresh load to check a refit against (it "
@@ -304,7 +371,8 @@ def rank_precheck(wrapper: Any) -> dict[str, Any]:
             )
         else:
             problems = tuple(unrepairable(model, record))
-        return RankPrecheck(rank=rank, problems=problems).to_dict()
+        ties = () if record is None else record.ties
+        return RankPrecheck(rank=rank, problems=problems, ties=ties).to_dict()
     except Exception as err:
         return _failure(rank, err, "precheck").to_dict()
 
@@ -360,8 +428,9 @@ def weights_digest(model: Any) -> tuple[str, int, int]:
     the hash recorded as it was packed (:mod:`~initpipe_vllm.hook.packed`); one packed with
     no record raises (the digest would not cover it). A layer whose kernel packed a copy and
     kept its weight (an embedding, a head) counts twice: the weight, and the copy's record
-    as ``<name><packed>`` (a head left on an old copy has another digest). Tensors are hashed on a thread pool
-    (``hashlib`` releases the GIL); a tensor off the CPU is copied to it first."""
+    as ``<name><packed>`` (a head left on an old copy has another digest). Tensors are
+    hashed on a thread pool (``hashlib`` releases the GIL); a tensor off the CPU is copied to
+    it first."""
     from concurrent.futures import ThreadPoolExecutor
 
     from ..hook.packed import packed_weight_hash, tensor_hash

@@ -189,7 +189,7 @@ def _bad_folders(a: Path, root: Path) -> dict[str, Path]:
         "missing_tensor": {k: v for k, v in tensors.items() if k != names[3]},
         "unexpected_tensor": {**tensors, "model.extra.weight": torch.zeros(2, 2)},
         "wrong_shape": {**tensors, names[3]: tensors[names[3]][:-1].clone()},
-        "wrong_dtype": {**tensors, names[3]: tensors[names[3]].to(torch.float16)},
+        "wrong_dtype": {**tensors, names[3]: tensors[names[3]].to(torch.int32)},
     }
     out = {}
     for name, content in cases.items():
@@ -648,7 +648,7 @@ def test_bad_weights_are_refused_before_anything_changes(result: Any, case: str)
         "missing_tensor": "missing tensor",
         "unexpected_tensor": "unexpected tensor 'model.extra.weight'",
         "wrong_shape": "has shape",
-        "wrong_dtype": "has dtype float16, expected float32",
+        "wrong_dtype": "has dtype int32, expected float32",
     }
     if case in named:
         assert named[case] in err["message"]

@@ -222,6 +222,21 @@ def _engine_under_test(a: Path, b: Path, skipped: str) -> dict[str, Any]:
     checkpoint("to_b", ip.refit(llm, b))
     checkpoint("to_a", ip.refit(llm, a))
     checkpoint("to_b_again", ip.refit(llm, b))
+    # in-memory weights as a trainer holds them
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(b / "model.safetensors"))
+    embed = "model.embed_tokens.weight"
+    state_dict = {**tensors, "lm_head.weight": tensors[embed].clone()}  # tied: both kept
+    checkpoint("to_a_for_state_dict", ip.refit(llm, a))
+    checkpoint("state_dict", ip.refit(llm, state_dict))
+    try:
+        ip.refit(llm, {**tensors, "lm_head.weight": tensors[embed] + 1.0})
+        rec["untied_head"] = {"error": None}
+    except Exception as err:
+        rec["untied_head"] = {"error": _error(err), "state": ip.weights_info(llm).state}
+    checkpoint("to_a_for_fp64", ip.refit(llm, a))
+    checkpoint("fp64", ip.refit(llm, {k: v.double() for k, v in tensors.items()}))
     planted = {}
     for bug in PLANTED:
         with _planted(llm, bug, skipped):
@@ -296,6 +311,36 @@ def test_a_refitted_tied_model_is_a_fresh_engine_on_the_new_weights(
     assert got["digests"] == fresh["digests"] == list(got["receipt"]["digests"])
     assert got["runner"] == fresh["runner"]
     assert got["scheduler"] == fresh["scheduler"]
+
+
+@pytest.mark.parametrize("checkpoint", ["state_dict", "fp64"])
+def test_a_trainers_weights_load_as_a_fresh_load_would(result: Any, checkpoint: str) -> None:
+    """A tied model's ``state_dict()`` keeps ``lm_head.weight`` beside the embedding, and a
+    trainer's master weights are fp64 or fp32: a fresh load accepts both (the copy equal
+    to the embedding is re-tied, the dtype cast), so a refit does."""
+    eng = result["engine"]
+    assert eng[f"to_a_for_{checkpoint}"]["outputs"] == result["fresh_a"]["outputs"]
+    got, fresh = eng[checkpoint], result["fresh_b"]
+    assert got["outputs"] == fresh["outputs"]
+    assert got["digests"] == fresh["digests"]
+    assert got["runner"] == fresh["runner"]
+    weights = got["receipt"]["weights"]
+    if checkpoint == "fp64":
+        assert (
+            list(weights["cast"]) == ["float64->float32"]
+            and weights["cast"]["float64->float32"] > 0
+        )
+    else:
+        assert "cast" not in weights
+
+
+def test_a_head_that_differs_from_its_tied_embedding_is_refused(result: Any) -> None:
+    got = result["engine"]["untied_head"]
+    err = got["error"]
+    assert err is not None and err["type"] == "RefitRefusedError"
+    assert err["step"] == "weights" and err["serving"] is True and got["state"] == "serving"
+    assert "'lm_head.weight' differs from 'model.embed_tokens.weight'" in err["message"]
+    assert "Nothing changed" in err["message"]
 
 
 def test_the_receipt_says_what_was_checked_and_repaired(result: Any) -> None:
