@@ -453,6 +453,7 @@ class Coverage:
     ties: int
     bytes_compared: int = 0
     tensors_compared: int = 0
+    kernels: int = 0
 
 
 def check(model: Any, record: FreshLoad, log: ReloadLog) -> Coverage:
@@ -498,7 +499,9 @@ def check(model: Any, record: FreshLoad, log: ReloadLog) -> Coverage:
             f"new tie: {' and '.join(g)} share storage, which a fresh load does not do" for g in new
         ]
     compared, n_bytes = _compare_bytes(model, record, log, problems)
+    kernels = _compare_kernels(model, problems)
     return Coverage(
+        kernels=kernels,
         problems=tuple(problems),
         parameters=len(params),
         written=n_written,
@@ -508,6 +511,44 @@ def check(model: Any, record: FreshLoad, log: ReloadLog) -> Coverage:
         bytes_compared=n_bytes,
         tensors_compared=compared,
     )
+
+
+#: the largest relative difference between a packed kernel's output and its weight's
+#: (``torch.nn.functional.linear``) on the same input, by the weight's dtype: a kernel packed
+#: from other weights is off by about 1 (its output has nothing to do with the weight's)
+KERNEL_RTOL = {"float32": 1e-3, "float64": 1e-3, "float16": 3e-2, "bfloat16": 3e-2}
+
+
+@vllm_uses(
+    "refit",
+    mirrors=("vllm.model_executor.layers.utils:cpu_unquantized_gemm",),  # layer.cpu_linear
+)
+def _compare_kernels(model: Any, problems: list[str]) -> int:
+    """Each layer whose CPU GEMM kernel packed a copy of a weight it kept (an embedding or
+    a head: ``cpu_linear``): the kernel and the weight must compute the same on a fixed
+    input. Appends a line per layer that differs; returns the layers compared."""
+    import torch
+
+    n = 0
+    generator = torch.Generator().manual_seed(0)
+    for name, module in model.named_modules():
+        kernel = getattr(module, "cpu_linear", None)
+        w = module._parameters.get("weight")
+        if kernel is None or w is None or w.ndim != 2 or w.numel() == 0 or w.is_meta:
+            continue
+        x = torch.randn(4, w.shape[1], generator=generator).to(device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            got = kernel(x, w, None).float()
+            want = torch.nn.functional.linear(x, w).float()
+        err = float((got - want).abs().max() / want.abs().max().clamp_min(1e-12))
+        n += 1
+        tol = KERNEL_RTOL.get(str(w.dtype).removeprefix("torch."), 3e-2)
+        if not err <= tol:
+            problems.append(
+                f"{name}: its packed kernel computes other values than its weight (relative "
+                f"difference {err:.2g}, at most {tol:g}): it was packed from other weights"
+            )
+    return n
 
 
 def _compare_bytes(

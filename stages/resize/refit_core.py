@@ -215,7 +215,10 @@ def _verify(live: Refit) -> None:
             f"every parameter written on every rank: {first.written} by their loaders, "
             f"{first.tied} through a tie (rank {first.rank} of {len(answers)})"
         ),
-        derived=(f"{first.modules} modules' post-load processing re-run, as a fresh load does"),
+        derived=(
+            f"{first.modules} modules' post-load processing re-run, as a fresh load does; "
+            f"{first.kernels} packed kernels that kept their weight compute what it does"
+        ),
         ties=f"{first.ties} groups of parameters sharing storage, as a fresh load has",
         bytes=(
             f"{first.tensors_compared} parameters kept as loaded hold the checkpoint's "
@@ -307,7 +310,14 @@ def _probe(live: Refit) -> None:
             int(model.max_model_len),
             probe.max_tokens,
         )
-    result = probes.run(core, probe, prompts, unpaused=live.unpaused, paused=live.paused_all)
+    result = probes.run(
+        core,
+        probe,
+        prompts,
+        unpaused=live.unpaused,
+        paused=live.paused_all,
+        dtype=core.vllm_config.model_config.dtype,
+    )
     live.probe_result = result
     _drop_probe_blocks(live)
     if not result.ok:

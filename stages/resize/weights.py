@@ -340,6 +340,7 @@ class RankVerify(RankRecord):
     ties: int
     tensors_compared: int
     bytes_compared: int
+    kernels: int
     repaired: dict[str, str]
     seconds: float
 
@@ -414,6 +415,7 @@ def rank_verify(wrapper: Any) -> dict[str, Any]:
             ties=found.ties,
             tensors_compared=found.tensors_compared,
             bytes_compared=found.bytes_compared,
+            kernels=found.kernels,
             repaired=dict(log.repaired),
             seconds=time.perf_counter() - start,
         ).to_dict()
