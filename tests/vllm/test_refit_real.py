@@ -1,0 +1,306 @@
+"""Refit on a real tied model after a real training step: SmolLM2-135M-Instruct in bfloat16
+(``initpipe_vllm.testing.real_model``), one SGD step in transformers on fp32 master
+weights, the weights handed over as a trainer holds them.
+
+One subprocess (an in-process engine mutates its process):
+
+- A: the bf16 checkpoint. The trainer loads it in fp32, takes one SGD step on a fixed
+  sequence and saves B (fp32, tied: no ``lm_head.weight``), as ``save_pretrained`` does;
+- the oracle: a fresh STOCK engine on B (``dtype="bfloat16"``: vLLM casts it), with its
+  probe prompts served cold then warm (stock's own cold-vs-warm difference);
+- the CONTROL: a stock engine on A, vLLM's ``reload_weights`` to B and
+  ``reset_prefix_cache``: other tokens than fresh B (the tied head's stale CPU kernel);
+- the engine under test (pipelined) on A: ``refit(llm, model.named_parameters())``, then
+  back to A, then ``refit(llm, model.state_dict().items())`` (the tied head's copy beside
+  the embedding): each equal to fresh B, the default probe passing at bfloat16's tolerance;
+- the probe's other direction: with initpipe's repair and the load check switched off (a
+  stale head reaches the probe), a probe expecting fresh B's outputs fails the refit closed.
+
+Run as a script (``python test_refit_real.py OUT.json WEIGHTS_DIR``) it is that subprocess.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from requires import installed
+
+installed("gguf", "gguf comes with the dev extra")
+installed("accelerate", "accelerate comes with the dev extra")
+
+
+def _core(llm: Any) -> Any:
+    return llm.llm_engine.engine_core.engine_core
+
+
+def _outputs(llm: Any) -> Any:
+    from initpipe_vllm.testing.equivalence import run_workload
+
+    return run_workload(llm, "generate", salt=2)["outputs"]
+
+
+def _digests(llm: Any) -> list[str]:
+    from initpipe_vllm.resize.weights import rank_digest
+
+    return [a["digest"] for a in llm.collective_rpc(rank_digest)]
+
+
+def _kwargs(folder: Path, **more: Any) -> dict[str, Any]:
+    return {
+        "model": str(folder),
+        "load_format": "auto",
+        "skip_tokenizer_init": True,
+        "enforce_eager": True,
+        "dtype": "bfloat16",
+        "max_model_len": 512,
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 64,
+        "seed": 0,
+        "kv_cache_memory_bytes": 64 << 20,
+        "num_gpu_blocks_override": 64,
+        **more,
+    }
+
+
+def _probe_prompts(llm: Any) -> list[list[int]]:
+    from initpipe_vllm.resize.probe import Probe, default_prompts
+
+    cfg = _core(llm).vllm_config
+    return [
+        list(p)
+        for p in default_prompts(
+            cfg.model_config.get_vocab_size(),
+            cfg.cache_config.block_size,
+            cfg.model_config.max_model_len,
+            Probe().max_tokens,
+        )
+    ]
+
+
+def _cold_warm(llm: Any, prompts: list[list[int]]) -> list[dict[str, Any]]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from initpipe_vllm.resize.probe import Probe
+
+    params = SamplingParams(
+        max_tokens=Probe().max_tokens,
+        temperature=0.0,
+        ignore_eos=True,
+        detokenize=False,
+        logprobs=0,
+    )
+    runs = []
+    for _ in ("cold", "warm"):
+        outs = llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
+        )
+        runs.append(
+            {
+                "tokens": [list(o.outputs[0].token_ids) for o in outs],
+                "logprobs": [
+                    [
+                        lp[t].logprob
+                        for lp, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids, strict=True)
+                    ]
+                    for o in outs
+                ],
+                "cached": [o.num_cached_tokens for o in outs],
+            }
+        )
+    return runs
+
+
+def _train_step(a: Path, b: Path) -> Any:
+    """One SGD step in transformers on fp32 master weights; B saved as a trainer saves it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(str(a), dtype=torch.float32)
+    ids = torch.tensor([[1, 9690, 2683, 314, 253, 1429, 28, 9, 2, 1, 4093, 198, 504, 2683]])
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.5 * p.grad
+    model.zero_grad()
+    model.save_pretrained(b)
+    return model
+
+
+@contextlib.contextmanager
+def _stock(folder: Path) -> Iterator[Any]:
+    from vllm import LLM
+
+    from initpipe_vllm.hook.packed import recording_packed_weights
+    from initpipe_vllm.testing.stock import require_stock, stock_environment
+
+    with stock_environment(), recording_packed_weights():
+        llm = LLM(**_kwargs(folder))
+    require_stock(llm)
+    try:
+        yield llm
+    finally:
+        _core(llm).shutdown()
+
+
+@contextlib.contextmanager
+def _blind() -> Iterator[None]:
+    """initpipe's repair off and its load check seeing nothing: a stale head is served."""
+    import initpipe_vllm.resize.coverage as coverage
+
+    repair, check = coverage.repair, coverage.check
+
+    def nothing(*args: Any, **kwargs: Any) -> Any:
+        import attrs
+
+        return attrs.evolve(check(*args, **kwargs), problems=())
+
+    coverage.repair = lambda *_a, **_k: {}  # type: ignore[assignment]
+    coverage.check = nothing  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        coverage.repair, coverage.check = repair, check
+
+
+def _fresh(b: Path, result: dict[str, Any]) -> list[list[int]]:
+    # each stock engine in a function of its own: its LLM object is gone (and vLLM's
+    # process-wide state with it) before the next one starts
+    with _stock(b) as llm:
+        prompts = _probe_prompts(llm)
+        result["fresh_b"] = {"outputs": _outputs(llm), "digests": _digests(llm)}
+        result["fresh_b"]["cold_warm"] = _cold_warm(llm, prompts)
+    return prompts
+
+
+def _control(a: Path, b: Path, result: dict[str, Any]) -> None:
+    from initpipe_vllm.hook.packed import recording_packed_weights
+
+    with _stock(a) as llm:
+        result["fresh_a"] = {"outputs": _outputs(llm)}
+        with recording_packed_weights():
+            llm.collective_rpc("reload_weights", kwargs={"weights_path": str(b)})
+        llm.reset_prefix_cache()
+        result["control"] = {"outputs": _outputs(llm), "digests": _digests(llm)}
+
+
+def main(out: str, weights_dir: str) -> None:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    import tempfile
+
+    from vllm import LLM
+
+    import initpipe_vllm as ip
+    from initpipe_vllm.hook import PIPELINED_WORKER
+    from initpipe_vllm.resize.probe import Probe
+    from initpipe_vllm.testing.real_model import smollm2
+
+    a = smollm2(weights_dir)
+    result: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="initpipe_refit_real_") as tmp:
+        b = Path(tmp) / "step-1"
+        trainer = _train_step(a, b)
+        prompts = _fresh(b, result)
+        _control(a, b, result)
+        llm = LLM(**_kwargs(a, worker_cls=PIPELINED_WORKER))
+        _outputs(llm)
+
+        def checkpoint(name: str, receipt: Any) -> None:
+            result[name] = {
+                "receipt": receipt.to_dict(),
+                "outputs": _outputs(llm),
+                "digests": _digests(llm),
+            }
+
+        checkpoint("named_parameters", ip.refit(llm, trainer.named_parameters()))
+        checkpoint("back_to_a", ip.refit(llm, a))
+        checkpoint("state_dict", ip.refit(llm, trainer.state_dict().items()))
+        ip.refit(llm, a)
+        fresh = result["fresh_b"]["cold_warm"][0]
+        expecting_b = Probe(
+            prompts=prompts, expected_tokens=fresh["tokens"], expected_logprobs=fresh["logprobs"]
+        )
+        with _blind():
+            try:
+                ip.refit(llm, b, probe=expecting_b)
+                result["stale_head"] = {"error": None}
+            except Exception as err:
+                result["stale_head"] = {
+                    "error": {
+                        "type": type(err).__name__,
+                        "step": getattr(err, "step", None),
+                        "message": str(err),
+                    }
+                }
+        checkpoint("expecting_b", ip.refit(llm, b, probe=expecting_b))
+        _core(llm).shutdown()
+    Path(out).write_text(json.dumps(result))
+
+
+# -- the tests -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def result(script_result: Any) -> Any:
+    return script_result(__file__)
+
+
+def test_the_training_step_changed_what_the_model_serves(result: Any) -> None:
+    assert result["fresh_a"]["outputs"] != result["fresh_b"]["outputs"]
+
+
+def test_vllms_own_reload_serves_a_stale_tied_head_on_the_real_model(result: Any) -> None:
+    assert result["control"]["outputs"] != result["fresh_b"]["outputs"]
+    assert result["control"]["digests"] != result["fresh_b"]["digests"]
+
+
+@pytest.mark.parametrize("checkpoint", ["named_parameters", "state_dict", "expecting_b"])
+def test_a_refit_from_the_trainer_is_a_fresh_engine_on_the_saved_weights(
+    result: Any, checkpoint: str
+) -> None:
+    got, fresh = result[checkpoint], result["fresh_b"]
+    assert got["outputs"] == fresh["outputs"]  # tokens, logprobs, prefix-cache hits
+    assert got["digests"] == fresh["digests"]
+    receipt = got["receipt"]
+    assert receipt["weights"]["cast"] == {
+        "float32->bfloat16": receipt["weights"]["cast"]["float32->bfloat16"]
+    }
+    assert set(receipt["checks"]["repaired"]) == {"lm_head"}
+    probe = receipt["probe"]
+    assert probe["ran"] and probe["ok"] and probe["atol"] == 0.25  # bfloat16's tolerance
+
+
+def test_the_probe_passes_where_stock_cold_and_warm_differ_within_the_dtype(result: Any) -> None:
+    """The probe's tolerance holds stock vLLM itself: its cold and warm runs of the probe's
+    prompts differ by no more than bfloat16's default (tokens equal up to a near tie)."""
+    from initpipe_vllm.resize.probe import _agreeing, default_atol
+
+    cold, warm = result["fresh_b"]["cold_warm"]
+    atol = default_atol("bfloat16")
+    for i in range(len(cold["tokens"])):
+        c = {"tokens": cold["tokens"][i], "logprobs": cold["logprobs"][i]}
+        w = {"tokens": warm["tokens"][i], "logprobs": warm["logprobs"][i]}
+        n, why = _agreeing(c, w, atol)
+        assert why == ""
+        assert all(
+            abs(x - y) <= atol for x, y in zip(c["logprobs"][:n], w["logprobs"][:n], strict=True)
+        )
+    assert all(hit > 0 for hit in warm["cached"])
+
+
+def test_a_probe_expecting_the_fresh_outputs_fails_on_a_stale_head(result: Any) -> None:
+    err = result["stale_head"]["error"]
+    assert err is not None, "a stale head passed the probe"
+    assert err["type"] == "RefitError" and err["step"] == "probe", err
+    assert "expected" in err["message"]
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
