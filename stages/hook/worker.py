@@ -423,7 +423,7 @@ class _TracedWorkerMixin:
     def load_model(self, *args: Any, **kwargs: Any) -> Any:
         # on CPU: the hash of each weight packed into a kernel handle, for a refit's digest
         # what a fresh load wrote, derived and tied: a refit's reload is checked against it
-        from ..resize.coverage import record_fresh_load, watching_fresh_load
+        from .fresh_load import record_fresh_load, watching_fresh_load
         from .packed import recording_packed_weights
 
         with (

@@ -1,14 +1,14 @@
-"""What a fresh load of the model writes, derives and ties; the proof that a refit's reload
-did the same; and the repair of what vLLM's layerwise reload leaves behind.
+"""A refit's reload compared with the engine's fresh load, and repaired where vLLM's
+layerwise reload leaves a layer behind.
 
-What belongs here: :class:`FreshLoad` (recorded on every rank when the pipelined worker
-loads the model: the modules whose post-load processing a fresh load runs, and the groups
-of parameters that share storage), :func:`tracking_reload` (while vLLM's
-``reload_weights`` runs: which layers vLLM's layerwise reload processed and which of their
-tensors it wrote, read from vLLM's own bookkeeping), :func:`repair` (vLLM's own post-load
-processing re-run on a layer the reload left unprocessed because all its weights are tied
-to another layer's) and :func:`check` (coverage and aliasing, each failure a line naming
-the tensor or module).
+What belongs here: :func:`tracking_reload` (while vLLM's ``reload_weights`` runs: which
+layers vLLM's layerwise reload processed and which of their tensors it wrote, read from
+vLLM's own bookkeeping, and every loader copy into a parameter), :func:`repair` (vLLM's own
+post-load processing re-run on a layer the reload left unprocessed because all its weights
+are tied to another layer's), :func:`check` (coverage, derived modules and packed kernels,
+ties, and the checkpoint's bytes; each failure a line naming the tensor or module) and
+:func:`unrepairable` (before anything changes: a tied head initpipe could not repair). The
+reference, the record of the fresh load, is ``hook/fresh_load.py``'s.
 
 Why: vLLM's layerwise reload processes a layer once all of *its own* weights arrive. A
 layer whose weight is another layer's (a tied ``lm_head``: ``lm_head.weight is
@@ -35,9 +35,20 @@ from typing import Any
 import attrs
 
 from ..contract.declare import vllm_uses
+from ..hook.fresh_load import (
+    FreshLoad,
+    WriteLog,
+    fresh_load,
+    param_name,
+    parameters,
+    record_fresh_load,
+    storage,
+    ties_of,
+)
 
 __all__ = [
-    "FRESH_ATTR",
+    "REPAIRABLE",
+    "Coverage",
     "FreshLoad",
     "ReloadLog",
     "check",
@@ -48,203 +59,10 @@ __all__ = [
     "unrepairable",
 ]
 
-#: Where :func:`record_fresh_load` keeps its record on the model.
-FRESH_ATTR = "_initpipe_fresh_load"
-
 #: Post-load processing initpipe re-runs on a tied layer the reload skipped: methods whose
 #: processing reads the weight and leaves it as it is (the unquantized embedding's: on CPU
 #: it packs a copy into a GEMM kernel, elsewhere it does nothing).
 REPAIRABLE = ("UnquantizedEmbeddingMethod",)
-
-
-@attrs.frozen(kw_only=True)
-class FreshLoad:
-    """What a fresh load of this rank's model did, recorded once it finished.
-
-    Attributes:
-        derived: the modules (qualified names) whose post-load processing a fresh load runs
-            and which hold parameters: what they derive (packed kernels, repacked or
-            absorbed tensors) depends on the weights.
-        ties: the groups of two or more parameter names that share storage (each sorted,
-            the groups sorted): ``lm_head.weight`` with ``model.embed_tokens.weight`` on a
-            tied model.
-        methods: each derived module's post-load processing (its quantization method's or
-            attention's class name).
-        kept: the parameters (qualified names) the fresh load's post-load processing left
-            exactly as the loaders wrote them (same tensor, shape, dtype, no in-place
-            write): their bytes after a reload must be the checkpoint's. None: the load
-            could not be watched (a loader with its own ``load_model``).
-    """
-
-    derived: frozenset[str]
-    ties: tuple[tuple[str, ...], ...]
-    methods: dict[str, str] = attrs.field(factory=dict, hash=False)
-    kept: frozenset[str] | None = None
-
-
-def _storage(t: Any) -> int | None:
-    """The storage a tensor's bytes live in (None: empty, meta, or no storage)."""
-    try:
-        if t.numel() == 0 or t.is_meta:
-            return None
-        return int(t.untyped_storage().data_ptr())
-    except (RuntimeError, ValueError, AttributeError):
-        return None
-
-
-def _params(model: Any) -> list[tuple[str, str, Any, Any]]:
-    """``(module name, parameter name, module, parameter)`` for every parameter of every
-    module (a module reachable by two paths once, under its first name; a parameter two
-    modules share, under each)."""
-    out = []
-    for mname, module in model.named_modules():
-        for pname, p in module._parameters.items():
-            if p is not None:
-                out.append((mname, pname, module, p))
-    return out
-
-
-def _full(mname: str, pname: str) -> str:
-    return f"{mname}.{pname}" if mname else pname
-
-
-def ties_of(model: Any) -> tuple[tuple[str, ...], ...]:
-    """The groups of parameter names sharing storage (see :attr:`FreshLoad.ties`)."""
-    by_storage: dict[int, set[str]] = {}
-    for mname, pname, _m, p in _params(model):
-        ptr = _storage(p)
-        if ptr is not None:
-            by_storage.setdefault(ptr, set()).add(_full(mname, pname))
-    return tuple(sorted(tuple(sorted(g)) for g in by_storage.values() if len(g) > 1))
-
-
-@vllm_uses(
-    "refit",
-    mirrors=("vllm.model_executor.model_loader.utils:process_weights_after_loading",),
-    calls=(
-        "vllm.model_executor.layers.quantization.base_config:QuantizeMethodBase",
-        "vllm.model_executor.layers.attention:is_deferred_attention_layer",
-    ),
-)
-def _derived(model: Any) -> dict[str, str]:
-    """The modules vLLM's fresh load post-processes (a quantization method, or a deferred
-    attention layer), that hold parameters: name -> the processing's class name."""
-    from vllm.model_executor.layers.attention import is_deferred_attention_layer
-    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
-
-    out = {}
-    for name, module in model.named_modules():
-        if not any(p is not None for p in module._parameters.values()):
-            continue
-        method = getattr(module, "quant_method", None)
-        if isinstance(method, QuantizeMethodBase):
-            out[name] = type(method).__name__
-        elif is_deferred_attention_layer(module):
-            out[name] = type(module).__name__
-    return out
-
-
-class _WriteLog:
-    """A torch dispatch mode that collects the storages every in-place op writes (each op
-    whose schema marks an argument written), and hands each ``copy_`` to ``on_copy``."""
-
-    def __new__(cls, on_copy: Any = None) -> Any:
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        class WriteLog(TorchDispatchMode):
-            def __init__(self) -> None:
-                super().__init__()
-                self.written: set[int] = set()
-
-            def __torch_dispatch__(
-                self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-            ) -> Any:
-                kwargs = kwargs or {}
-                for i, arg in enumerate(func._schema.arguments):
-                    if arg.alias_info is None or not arg.alias_info.is_write:
-                        continue
-                    t = args[i] if i < len(args) else kwargs.get(arg.name)
-                    ptr = _storage(t) if hasattr(t, "untyped_storage") else None
-                    if ptr is not None:
-                        self.written.add(ptr)
-                out = func(*args, **kwargs)
-                if on_copy is not None and func is _copy_op() and len(args) >= 2:
-                    on_copy(args[0], args[1])
-                return out
-
-        return WriteLog()
-
-
-def _copy_op() -> Any:
-    import torch
-
-    return torch.ops.aten.copy_.default
-
-
-def _snapshot(model: Any) -> dict[str, tuple[int, Any, tuple[int, ...], Any]]:
-    """name -> (tensor id, storage, shape, dtype) of every parameter."""
-    out = {}
-    for mname, pname, _m, p in _params(model):
-        out[_full(mname, pname)] = (id(p), _storage(p), tuple(p.shape), p.dtype)
-    return out
-
-
-#: model id -> the parameters its fresh load's post-load processing left as loaded
-_KEPT: dict[int, frozenset[str]] = {}
-
-
-@vllm_uses(
-    "refit",
-    mirrors=("vllm.model_executor.model_loader.base_loader:BaseModelLoader.load_model",),
-    calls=("vllm.model_executor.model_loader.utils:process_weights_after_loading",),
-)
-@contextlib.contextmanager
-def watching_fresh_load() -> Iterator[None]:
-    """Inside (the pipelined worker's ``load_model``): vLLM's post-load processing runs
-    as it would, watched — which parameters it leaves exactly as the loaders wrote them
-    (:attr:`FreshLoad.kept`). Nothing else changes."""
-    import vllm.model_executor.model_loader.base_loader as base_loader
-
-    original = base_loader.process_weights_after_loading
-
-    def watched(model: Any, *args: Any, **kwargs: Any) -> Any:
-        before = _snapshot(model)
-        with _WriteLog() as log:
-            out = original(model, *args, **kwargs)
-        after = _snapshot(model)
-        _KEPT[id(model)] = frozenset(
-            name
-            for name, (tid, ptr, shape, dtype) in before.items()
-            if after.get(name) == (tid, ptr, shape, dtype)
-            and ptr is not None
-            and ptr not in log.written
-        )
-        return out
-
-    base_loader.process_weights_after_loading = watched
-    try:
-        yield
-    finally:
-        base_loader.process_weights_after_loading = original
-
-
-def record_fresh_load(model: Any) -> FreshLoad:
-    """Record what a fresh load of ``model`` (just loaded and processed) holds, on the
-    model itself (:data:`FRESH_ATTR`); return it."""
-    methods = _derived(model)
-    record = FreshLoad(
-        derived=frozenset(methods),
-        ties=ties_of(model),
-        methods=methods,
-        kept=_KEPT.pop(id(model), None),
-    )
-    object.__setattr__(model, FRESH_ATTR, record)
-    return record
-
-
-def fresh_load(model: Any) -> FreshLoad | None:
-    """The record :func:`record_fresh_load` kept on ``model`` (None: none)."""
-    return getattr(model, FRESH_ATTR, None)
 
 
 @vllm_uses(
@@ -262,8 +80,8 @@ def unrepairable(model: Any, record: FreshLoad) -> list[str]:
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
     by_storage: dict[int, dict[int, tuple[str, Any]]] = {}
-    for mname, _pname, module, p in _params(model):
-        ptr = _storage(p)
+    for mname, _pname, module, p in parameters(model):
+        ptr = storage(p)
         if ptr is not None and isinstance(module, VocabParallelEmbedding):
             by_storage.setdefault(ptr, {}).setdefault(id(module), (mname, module))
     lines = []
@@ -337,11 +155,11 @@ def tracking_reload(model: Any) -> Iterator[ReloadLog]:
 
     def on_copy(dst: Any, src: Any) -> None:
         layer = current[-1] if current else None
-        ptr = _storage(dst)
+        ptr = storage(dst)
         if layer is None or ptr is None or dst.numel() != src.numel():
             return
         for pname, t in layer._parameters.items():
-            if t is not None and _storage(t) == ptr:
+            if t is not None and storage(t) == ptr:
                 data = src.detach().to(dst.dtype).reshape(dst.shape)
                 log.copies.append(
                     (
@@ -363,7 +181,7 @@ def tracking_reload(model: Any) -> Iterator[ReloadLog]:
 
         @functools.wraps(loader)
         def load(*args: Any, **kwargs: Any) -> Any:
-            with _WriteLog(on_copy):
+            with WriteLog(on_copy):
                 return loader(*args, **kwargs)
 
         return load
@@ -404,11 +222,11 @@ def tracking_reload(model: Any) -> Iterator[ReloadLog]:
 def _written_storages(model: Any, log: ReloadLog) -> dict[int, str]:
     """storage -> a parameter name the reload wrote into it."""
     out: dict[int, str] = {}
-    for mname, pname, _m, p in _params(model):
+    for mname, pname, _m, p in parameters(model):
         if pname in log.written.get(mname, ()):
-            ptr = _storage(p)
+            ptr = storage(p)
             if ptr is not None:
-                out.setdefault(ptr, _full(mname, pname))
+                out.setdefault(ptr, param_name(mname, pname))
     return out
 
 
@@ -431,7 +249,7 @@ def repair(model: Any, record: FreshLoad, log: ReloadLog) -> dict[str, str]:
         method = getattr(module, "quant_method", None)
         if method is None or type(method).__name__ not in REPAIRABLE:
             continue
-        ptrs = [_storage(p) for p in module._parameters.values() if p is not None]
+        ptrs = [storage(p) for p in module._parameters.values() if p is not None]
         if not ptrs or not all(p is not None and p in written for p in ptrs):
             continue
         method.process_weights_after_loading(module)
@@ -464,14 +282,14 @@ def check(model: Any, record: FreshLoad, log: ReloadLog) -> Coverage:
     loaded, the checkpoint's bytes in it. One line per failure, naming it."""
     problems: list[str] = []
     written = _written_storages(model, log)
-    params = _params(model)
+    params = parameters(model)
     n_written = n_tied = 0
     for mname, pname, _m, p in params:
-        full = _full(mname, pname)
+        full = param_name(mname, pname)
         if pname in log.written.get(mname, ()):
             n_written += 1
             continue
-        ptr = _storage(p)
+        ptr = storage(p)
         if ptr is not None and ptr in written:
             n_tied += 1
             continue
@@ -565,7 +383,7 @@ def _compare_bytes(
     bad: set[str] = set()
     n_bytes = 0
     for mname, pname, offset, shape, stride, dtype, digest in log.copies:
-        full = _full(mname, pname)
+        full = param_name(mname, pname)
         if full not in record.kept:
             continue
         t = model.get_submodule(mname)._parameters.get(pname)

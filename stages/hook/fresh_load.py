@@ -1,0 +1,232 @@
+"""What a fresh load of the model wrote, derived and tied, recorded on every rank as the
+pipelined worker loads it: the reference a refit's reload is checked against.
+
+What belongs here: :class:`FreshLoad` (the modules whose post-load processing a fresh load
+runs, the groups of parameters that share storage, and the parameters the post-load
+processing leaves exactly as the loaders wrote them), :func:`watching_fresh_load` (the
+context the worker's ``load_model`` runs in: vLLM's ``process_weights_after_loading`` runs
+as it would, watched by a torch dispatch mode that notes every in-place write) and
+:func:`record_fresh_load` (kept on the model object). The refit's side — the reload
+tracked, repaired and compared with this record — is ``resize/coverage.py``.
+
+Importing this module imports neither torch nor vLLM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+
+from ..contract.declare import vllm_uses
+
+__all__ = [
+    "FRESH_ATTR",
+    "FreshLoad",
+    "WriteLog",
+    "fresh_load",
+    "param_name",
+    "parameters",
+    "record_fresh_load",
+    "storage",
+    "ties_of",
+    "watching_fresh_load",
+]
+
+#: Where :func:`record_fresh_load` keeps its record on the model.
+FRESH_ATTR = "_initpipe_fresh_load"
+
+
+@attrs.frozen(kw_only=True)
+class FreshLoad:
+    """What a fresh load of this rank's model did, recorded once it finished.
+
+    Attributes:
+        derived: the modules (qualified names) whose post-load processing a fresh load runs
+            and which hold parameters: what they derive (packed kernels, repacked or
+            absorbed tensors) depends on the weights.
+        ties: the groups of two or more parameter names that share storage (each sorted,
+            the groups sorted): ``lm_head.weight`` with ``model.embed_tokens.weight`` on a
+            tied model.
+        methods: each derived module's post-load processing (its quantization method's or
+            attention's class name).
+        kept: the parameters (qualified names) the fresh load's post-load processing left
+            exactly as the loaders wrote them (same tensor, shape, dtype, no in-place
+            write): their bytes after a reload must be the checkpoint's. None: the load
+            could not be watched (a loader with its own ``load_model``).
+    """
+
+    derived: frozenset[str]
+    ties: tuple[tuple[str, ...], ...]
+    methods: dict[str, str] = attrs.field(factory=dict, hash=False)
+    kept: frozenset[str] | None = None
+
+
+def storage(t: Any) -> int | None:
+    """The storage a tensor's bytes live in (None: empty, meta, or no storage)."""
+    try:
+        if t.numel() == 0 or t.is_meta:
+            return None
+        return int(t.untyped_storage().data_ptr())
+    except (RuntimeError, ValueError, AttributeError):
+        return None
+
+
+def parameters(model: Any) -> list[tuple[str, str, Any, Any]]:
+    """``(module name, parameter name, module, parameter)`` for every parameter of every
+    module (a module reachable by two paths once, under its first name; a parameter two
+    modules share, under each)."""
+    out = []
+    for mname, module in model.named_modules():
+        for pname, p in module._parameters.items():
+            if p is not None:
+                out.append((mname, pname, module, p))
+    return out
+
+
+def param_name(mname: str, pname: str) -> str:
+    return f"{mname}.{pname}" if mname else pname
+
+
+def ties_of(model: Any) -> tuple[tuple[str, ...], ...]:
+    """The groups of parameter names sharing storage (see :attr:`FreshLoad.ties`)."""
+    by_storage: dict[int, set[str]] = {}
+    for mname, pname, _m, p in parameters(model):
+        ptr = storage(p)
+        if ptr is not None:
+            by_storage.setdefault(ptr, set()).add(param_name(mname, pname))
+    return tuple(sorted(tuple(sorted(g)) for g in by_storage.values() if len(g) > 1))
+
+
+@vllm_uses(
+    "refit",
+    mirrors=("vllm.model_executor.model_loader.utils:process_weights_after_loading",),
+    calls=(
+        "vllm.model_executor.layers.quantization.base_config:QuantizeMethodBase",
+        "vllm.model_executor.layers.attention:is_deferred_attention_layer",
+    ),
+)
+def _derived(model: Any) -> dict[str, str]:
+    """The modules vLLM's fresh load post-processes (a quantization method, or a deferred
+    attention layer), that hold parameters: name -> the processing's class name."""
+    from vllm.model_executor.layers.attention import is_deferred_attention_layer
+    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+
+    out = {}
+    for name, module in model.named_modules():
+        if not any(p is not None for p in module._parameters.values()):
+            continue
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, QuantizeMethodBase):
+            out[name] = type(method).__name__
+        elif is_deferred_attention_layer(module):
+            out[name] = type(module).__name__
+    return out
+
+
+class WriteLog:
+    """A torch dispatch mode that collects the storages every in-place op writes (each op
+    whose schema marks an argument written), and hands each ``copy_`` to ``on_copy``."""
+
+    def __new__(cls, on_copy: Any = None) -> Any:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class WriteLog(TorchDispatchMode):
+            def __init__(self) -> None:
+                super().__init__()
+                self.written: set[int] = set()
+
+            def __torch_dispatch__(
+                self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+            ) -> Any:
+                kwargs = kwargs or {}
+                for i, arg in enumerate(func._schema.arguments):
+                    if arg.alias_info is None or not arg.alias_info.is_write:
+                        continue
+                    t = args[i] if i < len(args) else kwargs.get(arg.name)
+                    ptr = storage(t) if hasattr(t, "untyped_storage") else None
+                    if ptr is not None:
+                        self.written.add(ptr)
+                out = func(*args, **kwargs)
+                if on_copy is not None and func is _copy_op() and len(args) >= 2:
+                    on_copy(args[0], args[1])
+                return out
+
+        return WriteLog()
+
+
+def _copy_op() -> Any:
+    import torch
+
+    return torch.ops.aten.copy_.default
+
+
+def _snapshot(model: Any) -> dict[str, tuple[int, Any, tuple[int, ...], Any]]:
+    """name -> (tensor id, storage, shape, dtype) of every parameter."""
+    out = {}
+    for mname, pname, _m, p in parameters(model):
+        out[param_name(mname, pname)] = (id(p), storage(p), tuple(p.shape), p.dtype)
+    return out
+
+
+#: model id -> the parameters its fresh load's post-load processing left as loaded
+_KEPT: dict[int, frozenset[str]] = {}
+
+
+@vllm_uses(
+    "refit",
+    mirrors=("vllm.model_executor.model_loader.base_loader:BaseModelLoader.load_model",),
+    calls=(
+        "vllm.model_executor.model_loader.utils:process_weights_after_loading",
+        "vllm.model_executor.model_loader.base_loader:process_weights_after_loading",
+    ),
+)
+@contextlib.contextmanager
+def watching_fresh_load() -> Iterator[None]:
+    """Inside (the pipelined worker's ``load_model``): vLLM's post-load processing runs
+    as it would, watched — which parameters it leaves exactly as the loaders wrote them
+    (:attr:`FreshLoad.kept`). Nothing else changes."""
+    import vllm.model_executor.model_loader.base_loader as base_loader
+
+    original = base_loader.process_weights_after_loading
+
+    def watched(model: Any, *args: Any, **kwargs: Any) -> Any:
+        before = _snapshot(model)
+        with WriteLog() as log:
+            out = original(model, *args, **kwargs)
+        after = _snapshot(model)
+        _KEPT[id(model)] = frozenset(
+            name
+            for name, (tid, ptr, shape, dtype) in before.items()
+            if after.get(name) == (tid, ptr, shape, dtype)
+            and ptr is not None
+            and ptr not in log.written
+        )
+        return out
+
+    base_loader.process_weights_after_loading = watched
+    try:
+        yield
+    finally:
+        base_loader.process_weights_after_loading = original
+
+
+def record_fresh_load(model: Any) -> FreshLoad:
+    """Record what a fresh load of ``model`` (just loaded and processed) holds, on the
+    model itself (:data:`FRESH_ATTR`); return it."""
+    methods = _derived(model)
+    record = FreshLoad(
+        derived=frozenset(methods),
+        ties=ties_of(model),
+        methods=methods,
+        kept=_KEPT.pop(id(model), None),
+    )
+    object.__setattr__(model, FRESH_ATTR, record)
+    return record
+
+
+def fresh_load(model: Any) -> FreshLoad | None:
+    """The record :func:`record_fresh_load` kept on ``model`` (None: none)."""
+    return getattr(model, FRESH_ATTR, None)
