@@ -56,12 +56,16 @@ class FreshLoad:
             exactly as the loaders wrote them (same tensor, shape, dtype, no in-place
             write): their bytes after a reload must be the checkpoint's. None: the load
             could not be watched (a loader with its own ``load_model``).
+        loaded: the parameters that existed when the loaders ran, before the post-load
+            processing (the others it created: MLA's absorbed ``W_UV``, say, derived and
+            written by no loader). None: not watched.
     """
 
     derived: frozenset[str]
     ties: tuple[tuple[str, ...], ...]
     methods: dict[str, str] = attrs.field(factory=dict, hash=False)
     kept: frozenset[str] | None = None
+    loaded: frozenset[str] | None = None
 
 
 def storage(t: Any) -> int | None:
@@ -171,8 +175,9 @@ def _snapshot(model: Any) -> dict[str, tuple[int, Any, tuple[int, ...], Any]]:
     return out
 
 
-#: model id -> the parameters its fresh load's post-load processing left as loaded
-_KEPT: dict[int, frozenset[str]] = {}
+#: model id -> (the parameters its fresh load's post-load processing left as loaded, the
+#: parameters there were before it)
+_WATCHED: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
 
 
 @vllm_uses(
@@ -197,13 +202,14 @@ def watching_fresh_load() -> Iterator[None]:
         with WriteLog() as log:
             out = original(model, *args, **kwargs)
         after = _snapshot(model)
-        _KEPT[id(model)] = frozenset(
+        kept = frozenset(
             name
             for name, (tid, ptr, shape, dtype) in before.items()
             if after.get(name) == (tid, ptr, shape, dtype)
             and ptr is not None
             and ptr not in log.written
         )
+        _WATCHED[id(model)] = (kept, frozenset(before))
         return out
 
     base_loader.process_weights_after_loading = watched
@@ -217,11 +223,13 @@ def record_fresh_load(model: Any) -> FreshLoad:
     """Record what a fresh load of ``model`` (just loaded and processed) holds, on the
     model itself (:data:`FRESH_ATTR`); return it."""
     methods = _derived(model)
+    watched = _WATCHED.pop(id(model), None)
     record = FreshLoad(
         derived=frozenset(methods),
         ties=ties_of(model),
         methods=methods,
-        kept=_KEPT.pop(id(model), None),
+        kept=watched[0] if watched else None,
+        loaded=watched[1] if watched else None,
     )
     object.__setattr__(model, FRESH_ATTR, record)
     return record

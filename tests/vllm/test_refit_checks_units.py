@@ -1,7 +1,7 @@
 """Units of a refit's checks, on small torch modules and vLLM's own layer methods (no
 engine): the load check against a fresh load (:mod:`initpipe_vllm.resize.coverage`), the
 weights' schema rules (a tied head's copy, dtype casts) and the probe's tolerance.
-The engine-level proofs are ``test_refit_tied.py`` and ``test_refit.py``."""
+The engine-level proofs are ``test_refit_models.py`` and ``test_refit.py``."""
 
 from __future__ import annotations
 

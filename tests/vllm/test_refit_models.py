@@ -1,26 +1,36 @@
-"""Refit of tied-embedding models: equal to a fresh stock engine on the new weights, where
-vLLM's own reload is not; and the load check fails closed on each planted bug.
+"""Refit across architectures: equal to a fresh stock engine on the new weights where vLLM's
+own reload is not (tied embeddings), and where the post-load processing derives tensors; the
+load check fails closed on each planted bug.
 
-One subprocess per (model, runner): tiny-qwen3 (Qwen3, ``tie_word_embeddings``; v1 and
-MRv2) and tiny-lfm2 (LFM2, tied, a conv/attention hybrid; v1), seeded weights A then B:
+One subprocess per (model, runner), seeded weights A then B:
+
+- tied: tiny-qwen3 (Qwen3, ``tie_word_embeddings``; v1 and MRv2) and tiny-lfm2 (LFM2, tied,
+  a conv/attention hybrid; v1);
+- derived or otherwise apart (v1): tiny-deepseek-mla (DeepSeek-V2 with MLA: absorbed
+  ``W_UV``/``W_UK_T`` made by the post-load processing), tiny-gemma2 (sliding window and a
+  full layer, two KV groups) and tiny-qwen2 (attention biases).
+
+Each subprocess records:
 
 - oracles: fresh STOCK engines on A and on B (their load inside
   ``recording_packed_weights``, so their digest covers the CPU kernels' packed copies);
 - the CONTROL that watches vLLM: a stock engine on A, vLLM's own
   ``collective_rpc("reload_weights")`` to B and ``reset_prefix_cache()``. On vLLM 0.32.0 it
-  serves other tokens than fresh B: the tied ``lm_head`` is never re-processed, and on CPU
-  its packed GEMM kernel keeps the old weights. When a release fixes that, the control test
-  fails and says so (then the docs' "what initpipe checks that vLLM does not" changes);
+  serves other tokens than fresh B on the tied models: the tied ``lm_head`` is never
+  re-processed, and on CPU its packed GEMM kernel keeps the old weights. When a release
+  fixes that, the control test fails and says so (then the docs' "what initpipe checks that
+  vLLM's reload does not" changes). On the others it is recorded, not asserted;
 - the engine under test (pipelined) on A: refit to B, to A, to B, each equal to the fresh
-  engine (tokens, logprobs, prefix-cache hits, digest, runner and scheduler state), its
-  receipt naming the repaired head;
+  engine (tokens, logprobs, prefix-cache hits, digest, runner and scheduler state);
 - planted bugs, each failing the refit closed at ``verify`` naming the culprit, then a
-  retry that succeeds: a loader that skips one parameter, a tie undone after the load, the
-  head's packed kernel not re-derived (initpipe's repair switched off), and a parameter a
-  fresh load keeps as loaded holding other bytes than the checkpoint's after the load.
+  retry that succeeds: a loader that skips one parameter, and a parameter a fresh load
+  keeps as loaded holding other bytes than the checkpoint's; on the tied models also a tie
+  undone after the load and the head's packed kernel not re-derived (initpipe's repair
+  switched off), and a trainer's weights: a tied ``state_dict()`` (its head's copy) and
+  fp64 master weights.
 
-Run as a script (``python test_refit_tied.py OUT.json WEIGHTS_DIR``) it is that subprocess
-(``INITPIPE_TIED_MODEL`` names the model).
+Run as a script (``python test_refit_models.py OUT.json WEIGHTS_DIR``) it is that subprocess
+(``INITPIPE_REFIT_MODEL`` names the model).
 """
 
 from __future__ import annotations
@@ -35,13 +45,23 @@ from typing import Any
 
 import pytest
 
-BLOCKS = 24
+BLOCKS = 40  # MLA's 512 tokens need 32 blocks of 16
 MODELS = Path(__file__).resolve().parents[2] / "stages" / "models"
-CASES = [("tiny-qwen3", "v1"), ("tiny-qwen3", "v2"), ("tiny-lfm2", "v1")]
+TIED = ("tiny-qwen3", "tiny-lfm2")
+CASES = [
+    ("tiny-qwen3", "v1"),
+    ("tiny-qwen3", "v2"),
+    ("tiny-lfm2", "v1"),
+    ("tiny-deepseek-mla", "v1"),
+    ("tiny-gemma2", "v1"),
+    ("tiny-qwen2", "v1"),
+]
 #: the parameter the planted loader skips
 SKIPPED = "model.layers.0.mlp.down_proj.weight"
 SKIPPED_LFM2 = "model.layers.0.feed_forward.w2.weight"
-PLANTED = ("skipped_parameter", "tie_undone", "kernel_not_rederived", "other_bytes")
+PLANTED = ("skipped_parameter", "other_bytes", "tie_undone", "kernel_not_rederived")
+#: the planted bugs every model gets (the others need a tie)
+PLANTED_ANY = PLANTED[:2]
 
 
 # -- the subprocess ------------------------------------------------------------------------
@@ -202,7 +222,7 @@ def _shifted(llm: Any) -> str:
     return sorted(record.kept - tied)[0]
 
 
-def _engine_under_test(a: Path, b: Path, skipped: str) -> dict[str, Any]:
+def _engine_under_test(a: Path, b: Path, skipped: str, tied: bool) -> dict[str, Any]:
     from vllm import LLM
 
     import initpipe_vllm as ip
@@ -222,26 +242,13 @@ def _engine_under_test(a: Path, b: Path, skipped: str) -> dict[str, Any]:
     checkpoint("to_b", ip.refit(llm, b))
     checkpoint("to_a", ip.refit(llm, a))
     checkpoint("to_b_again", ip.refit(llm, b))
-    # in-memory weights as a trainer holds them
-    from safetensors.torch import load_file
-
-    tensors = load_file(str(b / "model.safetensors"))
-    embed = "model.embed_tokens.weight"
-    state_dict = {**tensors, "lm_head.weight": tensors[embed].clone()}  # tied: both kept
-    checkpoint("to_a_for_state_dict", ip.refit(llm, a))
-    checkpoint("state_dict", ip.refit(llm, state_dict))
-    try:
-        ip.refit(llm, {**tensors, "lm_head.weight": tensors[embed] + 1.0})
-        rec["untied_head"] = {"error": None}
-    except Exception as err:
-        rec["untied_head"] = {"error": _error(err), "state": ip.weights_info(llm).state}
-    checkpoint("to_a_for_fp64", ip.refit(llm, a))
-    checkpoint("fp64", ip.refit(llm, {k: v.double() for k, v in tensors.items()}))
+    if tied:
+        _trainer_weights(llm, a, b, rec, checkpoint)
     planted = {}
-    for bug in PLANTED:
+    for bug in PLANTED if tied else PLANTED_ANY:
         with _planted(llm, bug, skipped):
-            try:
-                ip.refit(llm, a)
+            try:  # to B, while the engine holds A (but for the first): a stale part shows
+                ip.refit(llm, b)
                 planted[bug] = {"error": None}
             except Exception as err:
                 planted[bug] = {"error": _error(err)}
@@ -258,17 +265,37 @@ def _engine_under_test(a: Path, b: Path, skipped: str) -> dict[str, Any]:
     return rec
 
 
+def _trainer_weights(llm: Any, a: Path, b: Path, rec: dict[str, Any], checkpoint: Any) -> None:
+    """In-memory weights as a trainer holds them."""
+    from safetensors.torch import load_file
+
+    import initpipe_vllm as ip
+
+    tensors = load_file(str(b / "model.safetensors"))
+    embed = "model.embed_tokens.weight"
+    state_dict = {**tensors, "lm_head.weight": tensors[embed].clone()}  # tied: both kept
+    checkpoint("to_a_for_state_dict", ip.refit(llm, a))
+    checkpoint("state_dict", ip.refit(llm, state_dict))
+    try:
+        ip.refit(llm, {**tensors, "lm_head.weight": tensors[embed] + 1.0})
+        rec["untied_head"] = {"error": None}
+    except Exception as err:
+        rec["untied_head"] = {"error": _error(err), "state": ip.weights_info(llm).state}
+    checkpoint("to_a_for_fp64", ip.refit(llm, a))
+    checkpoint("fp64", ip.refit(llm, {k: v.double() for k, v in tensors.items()}))
+
+
 def main(out: str, weights_dir: str) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from initpipe_vllm.testing.weights import seeded_model
 
-    name = os.environ["INITPIPE_TIED_MODEL"]
+    name = os.environ["INITPIPE_REFIT_MODEL"]
     a = seeded_model(MODELS / name, weights_dir)
     b = seeded_model(MODELS / name, weights_dir, seed=1)
     skipped = SKIPPED_LFM2 if name == "tiny-lfm2" else SKIPPED
     runner = "v2" if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1" else "v1"
     result = {"model": name, "model_runner": runner}
-    result["engine"] = _engine_under_test(a, b, skipped)
+    result["engine"] = _engine_under_test(a, b, skipped, name in TIED)
     result["control"] = _control(a, b)
     result["fresh_a"] = _fresh(a)
     result["fresh_b"] = _fresh(b)
@@ -279,7 +306,7 @@ def main(out: str, weights_dir: str) -> None:
 @pytest.fixture(scope="module", params=CASES, ids=[f"{m}-{r}" for m, r in CASES])
 def result(request: pytest.FixtureRequest, script_result: Callable[..., Any]) -> Any:
     model, runner = request.param
-    got = script_result(__file__, env={"INITPIPE_TIED_MODEL": model}, model_runner=runner)
+    got = script_result(__file__, env={"INITPIPE_REFIT_MODEL": model}, model_runner=runner)
     assert (got["model"], got["model_runner"]) == (model, runner)
     return got
 
@@ -294,6 +321,8 @@ def test_vllms_own_reload_still_serves_a_stale_tied_head(result: Any) -> None:
     differs from a fresh engine on the new weights. If this fails, the vLLM release reloads
     tied models right: say so in docs/how-to/refit.md ("What initpipe checks that vLLM's
     reload does not") and keep initpipe's repair as a checked no-op."""
+    if result["model"] not in TIED:
+        pytest.skip("not tied: vLLM's own reload is recorded, not asserted either way")
     control, fresh = result["control"], result["fresh_b"]
     assert control["outputs"] != fresh["outputs"], "vLLM's reload now re-processes tied heads"
     # the digest sees it: the head's packed copy is the old one
@@ -318,6 +347,7 @@ def test_a_trainers_weights_load_as_a_fresh_load_would(result: Any, checkpoint: 
     """A tied model's ``state_dict()`` keeps ``lm_head.weight`` beside the embedding, and a
     trainer's master weights are fp64 or fp32: a fresh load accepts both (the copy equal
     to the embedding is re-tied, the dtype cast), so a refit does."""
+    _tied_only(result)
     eng = result["engine"]
     assert eng[f"to_a_for_{checkpoint}"]["outputs"] == result["fresh_a"]["outputs"]
     got, fresh = eng[checkpoint], result["fresh_b"]
@@ -334,7 +364,13 @@ def test_a_trainers_weights_load_as_a_fresh_load_would(result: Any, checkpoint: 
         assert "cast" not in weights
 
 
+def _tied_only(result: Any) -> None:
+    if result["model"] not in TIED:
+        pytest.skip("a tied model's case")
+
+
 def test_a_head_that_differs_from_its_tied_embedding_is_refused(result: Any) -> None:
+    _tied_only(result)
     got = result["engine"]["untied_head"]
     err = got["error"]
     assert err is not None and err["type"] == "RefitRefusedError"
@@ -348,6 +384,10 @@ def test_the_receipt_says_what_was_checked_and_repaired(result: Any) -> None:
     steps = [s["name"] for s in receipt["steps"]]
     assert steps.index("load") + 1 == steps.index("verify") < steps.index("digest")
     checks = receipt["checks"]
+    if result["model"] not in TIED:
+        assert checks["repaired"] == {}
+        assert "written on every rank" in checks["coverage"]
+        return
     assert set(checks["repaired"]) == {"lm_head"}
     assert "model.embed_tokens.weight" in checks["repaired"]["lm_head"]
     assert "1 through a tie" in checks["coverage"]
@@ -359,6 +399,8 @@ def test_the_receipt_says_what_was_checked_and_repaired(result: Any) -> None:
 
 @pytest.mark.parametrize("bug", PLANTED)
 def test_each_planted_bug_fails_the_refit_closed_naming_it(result: Any, bug: str) -> None:
+    if bug not in result["engine"]["planted"]:
+        _tied_only(result)
     got = result["engine"]["planted"][bug]
     err = got["error"]
     assert err is not None, f"{bug}: the refit succeeded"
