@@ -147,17 +147,26 @@ def model_rows(res: dict[str, Any]) -> list[Row]:
         )
     )
     step_ms = _step_medians(res["refits"])
-    hashed = mm(
-        [next(s["bytes"] for s in r["steps"] if s["name"] == "digest") for r in res["refits"]]
-    )
-    for step in ("digest", "probe"):
-        extra = (
-            f"hashes {hashed[1] / 1e6:.1f} MB per refit"
-            if step == "digest"
-            else f"default probe; {step_ms[step] / (medians['refits'] * 1e3):.0%} of the "
-            f"refit; its prompts served as plain requests (cold, then warm) take "
-            f"{mm(res['probe_plain_s'])[1] * 1e3:.1f} ms"
-        )
+    def moved(name: str) -> float:
+        return mm(
+            [next(s["bytes"] for s in r["steps"] if s["name"] == name) for r in res["refits"]]
+        )[1]
+
+    for step in ("verify", "digest", "probe"):
+        if step == "verify":
+            extra = (
+                f"the load against the fresh load's record: coverage, ties, kernels, and "
+                f"{moved('verify') / 1e6:.1f} MB of kept parameters compared with the "
+                "checkpoint; their sources are hashed during the load step"
+            )
+        elif step == "digest":
+            extra = f"hashes {moved('digest') / 1e6:.1f} MB per refit"
+        else:
+            extra = (
+                f"default probe; {step_ms[step] / (medians['refits'] * 1e3):.0%} of the "
+                f"refit; its prompts served as plain requests (cold, then warm) take "
+                f"{mm(res['probe_plain_s'])[1] * 1e3:.1f} ms"
+            )
         out.append(
             Row(
                 bench="refit",

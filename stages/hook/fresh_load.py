@@ -132,10 +132,13 @@ def _derived(model: Any) -> dict[str, str]:
 
 class WriteLog:
     """A torch dispatch mode that collects the storages every in-place op writes (each op
-    whose schema marks an argument written), and hands each ``copy_`` to ``on_copy``."""
+    whose schema marks an argument written); with ``on_copy``, it only hands each
+    ``copy_`` to it (``written`` stays empty: the cheap mode a reload runs in)."""
 
     def __new__(cls, on_copy: Any = None) -> Any:
         from torch.utils._python_dispatch import TorchDispatchMode
+
+        copy_op = _copy_op()
 
         class WriteLog(TorchDispatchMode):
             def __init__(self) -> None:
@@ -146,6 +149,11 @@ class WriteLog:
                 self, func: Any, types: Any, args: Any = (), kwargs: Any = None
             ) -> Any:
                 kwargs = kwargs or {}
+                if on_copy is not None:
+                    out = func(*args, **kwargs)
+                    if func is copy_op and len(args) >= 2:
+                        on_copy(args[0], args[1])
+                    return out
                 for i, arg in enumerate(func._schema.arguments):
                     if arg.alias_info is None or not arg.alias_info.is_write:
                         continue
@@ -153,10 +161,7 @@ class WriteLog:
                     ptr = storage(t) if hasattr(t, "untyped_storage") else None
                     if ptr is not None:
                         self.written.add(ptr)
-                out = func(*args, **kwargs)
-                if on_copy is not None and func is _copy_op() and len(args) >= 2:
-                    on_copy(args[0], args[1])
-                return out
+                return func(*args, **kwargs)
 
         return WriteLog()
 

@@ -219,7 +219,10 @@ def _verify(live: Refit) -> None:
             f"{first.modules} modules' post-load processing re-run, as a fresh load does; "
             f"{first.kernels} packed kernels that kept their weight compute what it does"
         ),
-        ties=f"{first.ties} groups of parameters sharing storage, as a fresh load has",
+        ties=(
+            f"{first.ties} group{'' if first.ties == 1 else 's'} of parameters sharing "
+            "storage, as after a fresh load"
+        ),
         bytes=(
             f"{first.tensors_compared} parameters kept as loaded hold the checkpoint's "
             f"bytes ({sum(a.bytes_compared for a in answers)} bytes compared)"

@@ -26,6 +26,7 @@ FIGURES = {
     "refit A<->B (median)": "ms",
     "refit A<->B, probe=False (median)": "ms",
     "floor: read the weights + KV memset (median)": "ms",
+    "refit step verify (median)": "ms",
     "refit step digest (median)": "ms",
     "refit step probe (median)": "ms",
     "vLLM's reload_weights + reset_prefix_cache by hand (median)": "ms",

@@ -114,8 +114,6 @@ def test_a_layer_processed_with_part_of_its_elements_is_named(tied: Tied) -> Non
 
 
 def test_the_bytes_a_fresh_load_keeps_are_compared_with_the_checkpoints(tied: Tied) -> None:
-    from initpipe_vllm.hook.packed import tensor_hash
-
     record = coverage.record_fresh_load(tied)
     record = type(record)(
         derived=record.derived,
@@ -126,7 +124,7 @@ def test_the_bytes_a_fresh_load_keeps_are_compared_with_the_checkpoints(tied: Ti
     log = _loaded(tied)
     coverage.repair(tied, record, log)
     source = torch.ones(32)
-    log.copies.append(("norm", "weight", 0, (32,), (1,), torch.float32, tensor_hash(source)))
+    log.copies.append(("norm", "weight", 0, (32,), (1,), torch.float32, coverage.checksum(source)))
     ok = coverage.check(tied, record, log)
     assert ok.problems == () and (ok.tensors_compared, ok.bytes_compared) == (1, 128)
     with torch.no_grad():

@@ -392,7 +392,7 @@ def test_the_receipt_says_what_was_checked_and_repaired(result: Any) -> None:
     assert "model.embed_tokens.weight" in checks["repaired"]["lm_head"]
     assert "1 through a tie" in checks["coverage"]
     assert "2 packed kernels" in checks["derived"]  # the embedding's and the tied head's
-    assert checks["ties"].startswith("1 groups")
+    assert checks["ties"].startswith("1 group of parameters sharing storage")
     # the norms and the embedding are kept as loaded (the linear layers are packed on CPU)
     assert int(checks["bytes"].split()[0]) > 0
 
