@@ -147,6 +147,7 @@ def model_rows(res: dict[str, Any]) -> list[Row]:
         )
     )
     step_ms = _step_medians(res["refits"])
+
     def moved(name: str) -> float:
         return mm(
             [next(s["bytes"] for s in r["steps"] if s["name"] == name) for r in res["refits"]]
