@@ -37,7 +37,8 @@ SLOW_FIRST = (
     "tests/benchmarks/test_vllm_smoke.py",  # 170 s
     "tests/vllm/test_runner.py",  # 158 s
     "tests/vllm/test_refit.py",  # 140 s (v1 and MRv2, in-process)
-    "tests/vllm/test_refit_models.py",  # 190 s (tied Qwen3 v1 and MRv2, LFM2, MLA, Gemma 2, Qwen2)
+    "tests/vllm/test_refit_models.py",  # 230 s (tied Qwen3 v1/MRv2, LFM2, MLA, Gemma 2, ...)
+    "tests/vllm/test_refit_unreloadable.py",  # 40 s (GPT-OSS fails closed)
     "tests/vllm/test_refit_real.py",  # 90 s (SmolLM2-135M bf16, a training step)
     "tests/vllm/test_resize.py",  # 120 s (v1 and MRv2)
     "tests/vllm/test_resize_multiprocess.py",  # 106 s

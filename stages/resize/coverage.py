@@ -399,7 +399,10 @@ def _compare_bytes(
     seen: set[str] = set()
     bad: set[str] = set()
     n_bytes = 0
-    for mname, pname, offset, shape, stride, dtype, digest in log.copies:
+    # the last copy into a region is what the loader left there (a composed loader copies
+    # the checkpoint tensor, then a function of it: Mamba's A = -exp(A_log))
+    last = {c[:5]: c for c in log.copies}
+    for mname, pname, offset, shape, stride, dtype, digest in last.values():
         full = param_name(mname, pname)
         if full not in record.kept:
             continue

@@ -8,7 +8,8 @@ One subprocess per (model, runner), seeded weights A then B:
   a conv/attention hybrid; v1);
 - derived or otherwise apart (v1): tiny-deepseek-mla (DeepSeek-V2 with MLA: absorbed
   ``W_UV``/``W_UK_T`` made by the post-load processing), tiny-gemma2 (sliding window and a
-  full layer, two KV groups) and tiny-qwen2 (attention biases).
+  full layer, two KV groups), tiny-qwen2 (attention biases) and tiny-nemotron-h (a Mamba
+  hybrid: its ``A`` is loaded as ``-exp(A_log)`` by a composed loader).
 
 Each subprocess records:
 
@@ -47,6 +48,8 @@ import pytest
 
 BLOCKS = 40  # MLA's 512 tokens need 32 blocks of 16
 MODELS = Path(__file__).resolve().parents[2] / "stages" / "models"
+#: models only these proofs use (not embedded: the engine-equivalence suites cover those)
+TEST_MODELS = Path(__file__).resolve().parent / "models"
 TIED = ("tiny-qwen3", "tiny-lfm2")
 CASES = [
     ("tiny-qwen3", "v1"),
@@ -55,10 +58,18 @@ CASES = [
     ("tiny-deepseek-mla", "v1"),
     ("tiny-gemma2", "v1"),
     ("tiny-qwen2", "v1"),
+    ("tiny-nemotron-h", "v1"),
 ]
 #: the parameter the planted loader skips
-SKIPPED = "model.layers.0.mlp.down_proj.weight"
-SKIPPED_LFM2 = "model.layers.0.feed_forward.w2.weight"
+#: the checkpoint tensor the planted loader drops, and the parameter it fills in vLLM
+SKIPPED = ("model.layers.0.mlp.down_proj.weight",) * 2
+SKIPPED_BY_MODEL = {
+    "tiny-lfm2": ("model.layers.0.feed_forward.w2.weight",) * 2,
+    "tiny-nemotron-h": (
+        "backbone.layers.0.mixer.out_proj.weight",
+        "model.layers.0.mixer.out_proj.weight",
+    ),
+}
 PLANTED = ("skipped_parameter", "other_bytes", "tie_undone", "kernel_not_rederived")
 #: the planted bugs every model gets (the others need a tie)
 PLANTED_ANY = PLANTED[:2]
@@ -153,7 +164,7 @@ def _error(err: BaseException) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _planted(llm: Any, bug: str, skipped: str) -> Iterator[None]:
+def _planted(llm: Any, bug: str, skipped: tuple[str, str]) -> Iterator[None]:
     """One bug in the next refit's load (inside the worker: the check sees what it did)."""
     import torch
 
@@ -163,7 +174,7 @@ def _planted(llm: Any, bug: str, skipped: str) -> Iterator[None]:
     if bug == "skipped_parameter":  # the model's loader drops one checkpoint tensor
 
         def load(weights: Any, _original: Any = model.load_weights) -> Any:
-            return _original((n, t) for n, t in weights if n != skipped)
+            return _original((n, t) for n, t in weights if n != skipped[0])
 
         model.load_weights = load
         try:
@@ -222,7 +233,7 @@ def _shifted(llm: Any) -> str:
     return sorted(record.kept - tied)[0]
 
 
-def _engine_under_test(a: Path, b: Path, skipped: str, tied: bool) -> dict[str, Any]:
+def _engine_under_test(a: Path, b: Path, skipped: tuple[str, str], tied: bool) -> dict[str, Any]:
     from vllm import LLM
 
     import initpipe_vllm as ip
@@ -290,9 +301,10 @@ def main(out: str, weights_dir: str) -> None:
     from initpipe_vllm.testing.weights import seeded_model
 
     name = os.environ["INITPIPE_REFIT_MODEL"]
-    a = seeded_model(MODELS / name, weights_dir)
-    b = seeded_model(MODELS / name, weights_dir, seed=1)
-    skipped = SKIPPED_LFM2 if name == "tiny-lfm2" else SKIPPED
+    folder = TEST_MODELS / name if (TEST_MODELS / name).is_dir() else MODELS / name
+    a = seeded_model(folder, weights_dir)
+    b = seeded_model(folder, weights_dir, seed=1)
+    skipped = SKIPPED_BY_MODEL.get(name, SKIPPED)
     runner = "v2" if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1" else "v1"
     result = {"model": name, "model_runner": runner}
     result["engine"] = _engine_under_test(a, b, skipped, name in TIED)
@@ -406,7 +418,7 @@ def test_each_planted_bug_fails_the_refit_closed_naming_it(result: Any, bug: str
     assert err is not None, f"{bug}: the refit succeeded"
     assert err["type"] == "RefitError" and err["step"] == "verify" and err["rank"] == 0
     assert err["serving"] is False and got["state"] == "failed"
-    skipped = SKIPPED_LFM2 if result["model"] == "tiny-lfm2" else SKIPPED
+    skipped = SKIPPED_BY_MODEL.get(result["model"], SKIPPED)[1]
     # on CPU the head's kernel packed a copy of its weight: the stale copy is seen directly
     cpu_kernels = "2 packed kernels" in result["engine"]["to_b"]["receipt"]["checks"]["derived"]
     named = {

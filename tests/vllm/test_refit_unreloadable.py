@@ -1,0 +1,131 @@
+"""A model vLLM's reload cannot refit: the refit fails closed, naming what would be stale.
+
+tiny-gpt-oss (GPT-OSS: a mixture of experts with attention sinks), seeded weights A then
+B, in one subprocess. Its unquantized ``load_weights`` writes the experts' stacks and the
+sinks with ``param.copy_`` directly, not through a weight loader; vLLM's layerwise reload
+has those parameters on the meta device then, so the writes go nowhere and the layers are
+put back with their old values ("GptOssRoutedExperts: Failed to load weights").
+
+- the CONTROL: a stock engine on A, vLLM's own ``reload_weights`` to B and
+  ``reset_prefix_cache``: other tokens than a fresh stock engine on B;
+- the engine under test (pipelined) on A: ``refit(llm, B)`` fails closed at ``verify``
+  naming the sinks and the experts; the engine then refuses requests (it would serve
+  stale experts), and a retry fails the same way: only a restart serves B.
+
+Run as a script (``python test_refit_unreloadable.py OUT.json WEIGHTS_DIR``) it is that
+subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+MODEL = Path(__file__).resolve().parents[2] / "stages" / "models" / "tiny-gpt-oss"
+
+
+def _outputs(llm: Any) -> Any:
+    from initpipe_vllm.testing.equivalence import run_workload
+
+    return run_workload(llm, "generate", salt=2)["outputs"]
+
+
+def _kwargs(folder: Path, **more: Any) -> dict[str, Any]:
+    from initpipe_vllm.testing.equivalence import workload_engine_kwargs
+
+    kwargs, _ = workload_engine_kwargs(
+        folder, num_gpu_blocks_override=40, load_format="auto", **more
+    )
+    return kwargs
+
+
+def _stock(a: Path, b: Path) -> dict[str, Any]:
+    from vllm import LLM
+
+    from initpipe_vllm.testing.stock import require_stock, stock_environment
+
+    out: dict[str, Any] = {}
+    for name, folder in (("fresh_b", b), ("control", a)):
+        with stock_environment():
+            llm = LLM(**_kwargs(folder))
+        require_stock(llm)
+        if name == "control":
+            _outputs(llm)
+            llm.collective_rpc("reload_weights", kwargs={"weights_path": str(b)})
+            llm.reset_prefix_cache()
+        out[name] = _outputs(llm)
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+    return out
+
+
+def _refit(a: Path, b: Path) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    import initpipe_vllm as ip
+    from initpipe_vllm.hook import PIPELINED_WORKER
+
+    llm = LLM(**_kwargs(a, worker_cls=PIPELINED_WORKER))
+    _outputs(llm)
+    out: dict[str, Any] = {}
+    for attempt in ("first", "retry"):
+        try:
+            ip.refit(llm, b)
+            out[attempt] = {"error": None}
+        except ip.RefitError as err:
+            out[attempt] = {
+                "type": type(err).__name__,
+                "step": err.step,
+                "rank": err.rank,
+                "message": str(err),
+            }
+        out[attempt]["state"] = ip.weights_info(llm).state
+    params = SamplingParams(max_tokens=2, temperature=0.0, detokenize=False)
+    try:
+        llm.generate([TokensPrompt(prompt_token_ids=[5, 6, 7])], params, use_tqdm=False)
+        out["serves"] = True
+    except Exception as err:
+        out["serves"] = [c.__name__ for c in type(err).__mro__]
+    llm.llm_engine.engine_core.shutdown()
+    return out
+
+
+def main(out: str, weights_dir: str) -> None:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from initpipe_vllm.testing.weights import seeded_model
+
+    a = seeded_model(MODEL, weights_dir)
+    b = seeded_model(MODEL, weights_dir, seed=1)
+    result = {"refit": _refit(a, b), **_stock(a, b)}
+    Path(out).write_text(json.dumps(result))
+
+
+@pytest.fixture(scope="module")
+def result(script_result: Any) -> Any:
+    return script_result(__file__)
+
+
+def test_vllms_own_reload_serves_stale_experts(result: Any) -> None:
+    """The control: if this fails, vLLM reloads GPT-OSS right; the refit must then pass
+    and docs/how-to/refit.md's list of models that fail closed changes."""
+    assert result["control"] != result["fresh_b"]
+
+
+def test_the_refit_fails_closed_naming_the_stale_parameters(result: Any) -> None:
+    for attempt in ("first", "retry"):
+        got = result["refit"][attempt]
+        assert got.get("type") == "RefitError", got
+        assert got["step"] == "verify" and got["rank"] == 0 and got["state"] == "failed"
+        assert "model.layers.0.attn.sinks was not written by this load" in got["message"]
+        assert "routed_experts.w13_weight was not written" in got["message"]
+    assert "RefitFailedError" in result["refit"]["serves"]  # refused, not served stale
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
