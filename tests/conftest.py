@@ -39,6 +39,7 @@ SLOW_FIRST = (
     "tests/vllm/test_refit.py",  # 140 s (v1 and MRv2, in-process)
     "tests/vllm/test_refit_models.py",  # 230 s (tied Qwen3 v1/MRv2, LFM2, MLA, Gemma 2, ...)
     "tests/vllm/test_refit_unreloadable.py",  # 40 s (GPT-OSS fails closed)
+    "tests/vllm/test_refit_tp2.py",  # 80 s (three TP=2 engines, each in its own processes)
     "tests/vllm/test_refit_real.py",  # 90 s (SmolLM2-135M bf16, a training step)
     "tests/vllm/test_resize.py",  # 120 s (v1 and MRv2)
     "tests/vllm/test_resize_multiprocess.py",  # 106 s
