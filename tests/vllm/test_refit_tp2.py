@@ -33,7 +33,7 @@ def _engine(folder: Path, **more: Any) -> Any:
         num_gpu_blocks_override=40,
         load_format="auto",
         tensor_parallel_size=2,
-        gpu_memory_utilization=0.4,  # the engine core checks free memory in its own process
+        gpu_memory_utilization=0.3,  # the engine core checks free memory in its own process
         **more,
     )
     return LLM(**kwargs)
