@@ -62,6 +62,42 @@ def test_a_fresh_load_records_what_it_derives_and_ties(tied: Tied) -> None:
     assert coverage.unrepairable(tied, record) == []  # not VocabParallelEmbedding: by type
 
 
+def _vocab_layer(weight: torch.nn.Parameter, method: Any) -> Any:
+    """A vLLM ``VocabParallelEmbedding`` (what the refusal looks for, by type) holding
+    ``weight``, built without a tensor-parallel group."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    layer = VocabParallelEmbedding.__new__(VocabParallelEmbedding)
+    torch.nn.Module.__init__(layer)
+    layer.weight = weight
+    layer.quant_method = method
+    return layer
+
+
+def test_a_tied_head_initpipe_cannot_reprocess_is_refused_by_name() -> None:
+    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    class Packed(QuantizeMethodBase):  # a quantized head's processing: not re-runnable
+        def create_weights(self, *args: Any, **kwargs: Any) -> None: ...
+
+        def apply(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    model = torch.nn.Module()
+    weight = torch.nn.Parameter(torch.randn(64, 32), requires_grad=False)
+    model.embed = _vocab_layer(weight, UnquantizedEmbeddingMethod())
+    model.head = _vocab_layer(weight, UnquantizedEmbeddingMethod())
+    record = coverage.record_fresh_load(model)
+    assert coverage.unrepairable(model, record) == []
+    model.head.quant_method = Packed()
+    record = coverage.record_fresh_load(model)
+    lines = coverage.unrepairable(model, record)
+    assert len(lines) == 1 and lines[0].startswith("head (Packed) is tied to embed:")
+    model.head.weight = torch.nn.Parameter(weight.detach().clone(), requires_grad=False)
+    record = coverage.record_fresh_load(model)
+    assert coverage.unrepairable(model, record) == []  # untied: the reload loads it
+
+
 def test_a_tied_head_left_unprocessed_is_repaired_then_passes(tied: Tied) -> None:
     record = coverage.record_fresh_load(tied)
     with torch.no_grad():
