@@ -45,6 +45,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from refit_kit import core as _core
+from refit_kit import digests as _digests
+from refit_kit import outputs as _outputs
+from refit_kit import stock_engine
 
 BLOCKS = 40  # MLA's 512 tokens need 32 blocks of 16
 MODELS = Path(__file__).resolve().parents[2] / "stages" / "models"
@@ -60,7 +64,6 @@ CASES = [
     ("tiny-qwen2", "v1"),
     ("tiny-nemotron-h", "v1"),
 ]
-#: the parameter the planted loader skips
 #: the checkpoint tensor the planted loader drops, and the parameter it fills in vLLM
 SKIPPED = ("model.layers.0.mlp.down_proj.weight",) * 2
 SKIPPED_BY_MODEL = {
@@ -76,8 +79,6 @@ PLANTED_ANY = PLANTED[:2]
 
 
 # -- the subprocess ------------------------------------------------------------------------
-def _core(llm: Any) -> Any:
-    return llm.llm_engine.engine_core.engine_core
 
 
 def _worker(llm: Any) -> Any:
@@ -86,18 +87,6 @@ def _worker(llm: Any) -> Any:
 
 def _model(llm: Any) -> Any:
     return _worker(llm).model_runner.get_model()
-
-
-def _outputs(llm: Any) -> Any:
-    from initpipe_vllm.testing.equivalence import run_workload
-
-    return run_workload(llm, "generate", salt=2)["outputs"]
-
-
-def _digests(llm: Any) -> list[str]:
-    from initpipe_vllm.resize.weights import rank_digest
-
-    return [a["digest"] for a in llm.collective_rpc(rank_digest)]
 
 
 def _state(llm: Any) -> dict[str, Any]:
@@ -119,25 +108,12 @@ def _kwargs(folder: Path, **more: Any) -> dict[str, Any]:
     return kwargs
 
 
-@contextlib.contextmanager
-def _stock(folder: Path) -> Iterator[Any]:
-    from vllm import LLM
-
-    from initpipe_vllm.hook.packed import recording_packed_weights
-    from initpipe_vllm.testing.stock import require_stock, stock_environment
-
-    # the record of what vLLM's CPU kernels pack (for the digest) changes nothing vLLM does
-    with stock_environment(), recording_packed_weights():
-        llm = LLM(**_kwargs(folder))
-    require_stock(llm)
-    try:
-        yield llm
-    finally:
-        _core(llm).shutdown()
+def _stock_at(folder: Path) -> Any:
+    return stock_engine(_kwargs(folder))
 
 
 def _fresh(folder: Path) -> dict[str, Any]:
-    with _stock(folder) as llm:
+    with _stock_at(folder) as llm:
         return {"outputs": _outputs(llm), "digests": _digests(llm), **_state(llm)}
 
 
@@ -145,7 +121,7 @@ def _control(a: Path, b: Path) -> dict[str, Any]:
     """vLLM's own reload on a stock engine, as its docs give it."""
     from initpipe_vllm.hook.packed import recording_packed_weights
 
-    with _stock(a) as llm:
+    with _stock_at(a) as llm:
         _outputs(llm)  # a prefix cache to empty
         with recording_packed_weights():
             llm.collective_rpc("reload_weights", kwargs={"weights_path": str(b)})

@@ -30,26 +30,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from refit_kit import core as _core
+from refit_kit import digests as _digests
+from refit_kit import outputs as _outputs
+from refit_kit import stock_engine
 from requires import installed
 
 installed("gguf", "gguf comes with the dev extra")
 installed("accelerate", "accelerate comes with the dev extra")
-
-
-def _core(llm: Any) -> Any:
-    return llm.llm_engine.engine_core.engine_core
-
-
-def _outputs(llm: Any) -> Any:
-    from initpipe_vllm.testing.equivalence import run_workload
-
-    return run_workload(llm, "generate", salt=2)["outputs"]
-
-
-def _digests(llm: Any) -> list[str]:
-    from initpipe_vllm.resize.weights import rank_digest
-
-    return [a["digest"] for a in llm.collective_rpc(rank_digest)]
 
 
 def _kwargs(folder: Path, **more: Any) -> dict[str, Any]:
@@ -67,6 +55,10 @@ def _kwargs(folder: Path, **more: Any) -> dict[str, Any]:
         "num_gpu_blocks_override": 64,
         **more,
     }
+
+
+def _stock_at(folder: Path) -> Any:
+    return stock_engine(_kwargs(folder))
 
 
 def _probe_prompts(llm: Any) -> list[list[int]]:
@@ -137,22 +129,6 @@ def _train_step(a: Path, b: Path) -> Any:
 
 
 @contextlib.contextmanager
-def _stock(folder: Path) -> Iterator[Any]:
-    from vllm import LLM
-
-    from initpipe_vllm.hook.packed import recording_packed_weights
-    from initpipe_vllm.testing.stock import require_stock, stock_environment
-
-    with stock_environment(), recording_packed_weights():
-        llm = LLM(**_kwargs(folder))
-    require_stock(llm)
-    try:
-        yield llm
-    finally:
-        _core(llm).shutdown()
-
-
-@contextlib.contextmanager
 def _blind() -> Iterator[None]:
     """initpipe's repair off and its load check seeing nothing: a stale head is served."""
     import initpipe_vllm.resize.coverage as coverage
@@ -175,7 +151,7 @@ def _blind() -> Iterator[None]:
 def _fresh(b: Path, result: dict[str, Any]) -> list[list[int]]:
     # each stock engine in a function of its own: its LLM object is gone (and vLLM's
     # process-wide state with it) before the next one starts
-    with _stock(b) as llm:
+    with _stock_at(b) as llm:
         prompts = _probe_prompts(llm)
         result["fresh_b"] = {"outputs": _outputs(llm), "digests": _digests(llm)}
         result["fresh_b"]["cold_warm"] = _cold_warm(llm, prompts)
@@ -185,7 +161,7 @@ def _fresh(b: Path, result: dict[str, Any]) -> list[list[int]]:
 def _control(a: Path, b: Path, result: dict[str, Any]) -> None:
     from initpipe_vllm.hook.packed import recording_packed_weights
 
-    with _stock(a) as llm:
+    with _stock_at(a) as llm:
         result["fresh_a"] = {"outputs": _outputs(llm)}
         with recording_packed_weights():
             llm.collective_rpc("reload_weights", kwargs={"weights_path": str(b)})

@@ -1,0 +1,48 @@
+"""What the refit proofs' subprocesses share: the engine core, the workload's outputs, each
+rank's weights digest, and a stock oracle engine (certainly stock, its load recorded so
+its digest covers what vLLM's CPU kernels pack). Imports nothing heavy until called."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["core", "digests", "outputs", "stock_engine"]
+
+
+def core(llm: Any) -> Any:
+    """The in-process ``EngineCore`` of a ``vllm.LLM``."""
+    return llm.llm_engine.engine_core.engine_core
+
+
+def outputs(llm: Any) -> Any:
+    """The equivalence harness's workload on ``llm`` (tokens, logprobs, cached tokens)."""
+    from initpipe_vllm.testing.equivalence import run_workload
+
+    return run_workload(llm, "generate", salt=2)["outputs"]
+
+
+def digests(llm: Any) -> list[str]:
+    """Each rank's weights digest, in rank order."""
+    from initpipe_vllm.resize.weights import rank_digest
+
+    return [a["digest"] for a in llm.collective_rpc(rank_digest)]
+
+
+@contextlib.contextmanager
+def stock_engine(kwargs: dict[str, Any]) -> Iterator[Any]:
+    """A stock ``vllm.LLM(**kwargs)``, checked stock, shut down afterwards. Its load runs
+    inside ``recording_packed_weights``, which changes nothing vLLM does."""
+    from vllm import LLM
+
+    from initpipe_vllm.hook.packed import recording_packed_weights
+    from initpipe_vllm.testing.stock import require_stock, stock_environment
+
+    with stock_environment(), recording_packed_weights():
+        llm = LLM(**kwargs)
+    require_stock(llm)
+    try:
+        yield llm
+    finally:
+        core(llm).shutdown()
