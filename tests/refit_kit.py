@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["core", "digests", "outputs", "stock_engine"]
+__all__ = ["core", "default_prompts", "digests", "outputs", "stock_engine"]
 
 
 def core(llm: Any) -> Any:
@@ -28,6 +28,23 @@ def digests(llm: Any) -> list[str]:
     from initpipe_vllm.resize.weights import rank_digest
 
     return [a["digest"] for a in llm.collective_rpc(rank_digest)]
+
+
+def default_prompts(llm: Any) -> list[list[int]]:
+    """The prompts a refit's default probe serves on ``llm``'s model."""
+    from initpipe_vllm.resize.probe import Probe
+    from initpipe_vllm.resize.probe import default_prompts as built
+
+    cfg = core(llm).vllm_config
+    return [
+        list(p)
+        for p in built(
+            cfg.model_config.get_vocab_size(),
+            cfg.cache_config.block_size,
+            cfg.model_config.max_model_len,
+            Probe().max_tokens,
+        )
+    ]
 
 
 @contextlib.contextmanager

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from refit_kit import default_prompts
 
 SMALL, LARGE = 24, 40
 MODEL = Path(__file__).resolve().parents[2] / "stages" / "models" / "tiny-llama"
@@ -136,21 +137,6 @@ def _error(err: BaseException) -> dict[str, Any]:
     }
 
 
-def _default_prompts(llm: Any) -> list[list[int]]:
-    from initpipe_vllm.resize.probe import Probe, default_prompts
-
-    cfg = _core(llm).vllm_config
-    return [
-        list(p)
-        for p in default_prompts(
-            cfg.model_config.get_vocab_size(),
-            cfg.cache_config.block_size,
-            cfg.model_config.max_model_len,
-            Probe().max_tokens,
-        )
-    ]
-
-
 def _fresh(folder: Path, extra: dict[str, Any], blocks: int) -> dict[str, Any]:
     from vllm import LLM
 
@@ -171,7 +157,7 @@ def _fresh(folder: Path, extra: dict[str, Any], blocks: int) -> dict[str, Any]:
             "outputs": _outputs(llm),
             **_state(llm),
         }
-        out["probe"] = _probe_outputs(llm, _default_prompts(llm))
+        out["probe"] = _probe_outputs(llm, default_prompts(llm))
         return out
     finally:
         llm.llm_engine.engine_core.shutdown()
@@ -423,7 +409,7 @@ def _engine_under_test(a: Path, b: Path, extra: dict[str, Any], spy: Any, tmp: P
     rec["refusals"] = refusals
 
     # real failures after the start: fail closed, then a retry
-    prompts = _default_prompts(llm)
+    prompts = default_prompts(llm)
     wrong = Probe(prompts=prompts, expected_tokens=[[0, 0]] * len(prompts))
     rec["probe_mismatch"] = _attempt(lambda: ip.refit(llm, b, probe=wrong))
     rec["probe_mismatch_engine"] = _failed_engine(llm)

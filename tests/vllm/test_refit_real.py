@@ -31,9 +31,9 @@ from typing import Any
 
 import pytest
 from refit_kit import core as _core
+from refit_kit import default_prompts, stock_engine
 from refit_kit import digests as _digests
 from refit_kit import outputs as _outputs
-from refit_kit import stock_engine
 from requires import installed
 
 installed("gguf", "gguf comes with the dev extra")
@@ -59,21 +59,6 @@ def _kwargs(folder: Path, **more: Any) -> dict[str, Any]:
 
 def _stock_at(folder: Path) -> Any:
     return stock_engine(_kwargs(folder))
-
-
-def _probe_prompts(llm: Any) -> list[list[int]]:
-    from initpipe_vllm.resize.probe import Probe, default_prompts
-
-    cfg = _core(llm).vllm_config
-    return [
-        list(p)
-        for p in default_prompts(
-            cfg.model_config.get_vocab_size(),
-            cfg.cache_config.block_size,
-            cfg.model_config.max_model_len,
-            Probe().max_tokens,
-        )
-    ]
 
 
 def _cold_warm(llm: Any, prompts: list[list[int]]) -> list[dict[str, Any]]:
@@ -152,7 +137,7 @@ def _fresh(b: Path, result: dict[str, Any]) -> list[list[int]]:
     # each stock engine in a function of its own: its LLM object is gone (and vLLM's
     # process-wide state with it) before the next one starts
     with _stock_at(b) as llm:
-        prompts = _probe_prompts(llm)
+        prompts = default_prompts(llm)
         result["fresh_b"] = {"outputs": _outputs(llm), "digests": _digests(llm)}
         result["fresh_b"]["cold_warm"] = _cold_warm(llm, prompts)
     return prompts
