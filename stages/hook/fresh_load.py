@@ -15,6 +15,7 @@ Importing this module imports neither torch nor vLLM.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,6 +60,11 @@ class FreshLoad:
         loaded: the parameters that existed when the loaders ran, before the post-load
             processing (the others it created: MLA's absorbed ``W_UV``, say, derived and
             written by no loader). None: not watched.
+        outside: the parameters the model's ``load_weights`` wrote outside every weight
+            loader (``param.copy_`` in the model's own code: GPT-OSS's expert stacks and
+            attention sinks). vLLM's layerwise reload sees a load only through the
+            parameters' weight loaders, so a reload leaves these stale. None: the model's
+            ``load_weights`` did not run (dummy weights, a loader of its own).
     """
 
     derived: frozenset[str]
@@ -66,6 +72,7 @@ class FreshLoad:
     methods: dict[str, str] = attrs.field(factory=dict, hash=False)
     kept: frozenset[str] | None = None
     loaded: frozenset[str] | None = None
+    outside: frozenset[str] | None = None
 
 
 def storage(t: Any) -> int | None:
@@ -133,9 +140,10 @@ def _derived(model: Any) -> dict[str, str]:
 class WriteLog:
     """A torch dispatch mode that collects the storages every in-place op writes (each op
     whose schema marks an argument written); with ``on_copy``, it only hands each
-    ``copy_`` to it (``written`` stays empty: the cheap mode a reload runs in)."""
+    ``copy_`` to it (``written`` stays empty: the cheap mode a reload runs in); with
+    ``outside``, a write while ``outside()`` is true goes to ``written_outside`` instead."""
 
-    def __new__(cls, on_copy: Any = None) -> Any:
+    def __new__(cls, on_copy: Any = None, outside: Any = None) -> Any:
         from torch.utils._python_dispatch import TorchDispatchMode
 
         copy_op = _copy_op()
@@ -144,6 +152,7 @@ class WriteLog:
             def __init__(self) -> None:
                 super().__init__()
                 self.written: set[int] = set()
+                self.written_outside: set[int] = set()
 
             def __torch_dispatch__(
                 self, func: Any, types: Any, args: Any = (), kwargs: Any = None
@@ -160,7 +169,8 @@ class WriteLog:
                     t = args[i] if i < len(args) else kwargs.get(arg.name)
                     ptr = storage(t) if hasattr(t, "untyped_storage") else None
                     if ptr is not None:
-                        self.written.add(ptr)
+                        into = self.written_outside if outside and outside() else self.written
+                        into.add(ptr)
                 return func(*args, **kwargs)
 
         return WriteLog()
@@ -183,6 +193,69 @@ def _snapshot(model: Any) -> dict[str, tuple[int, Any, tuple[int, ...], Any]]:
 #: model id -> (the parameters its fresh load's post-load processing left as loaded, the
 #: parameters there were before it)
 _WATCHED: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
+#: model id -> the parameters its ``load_weights`` wrote outside every weight loader
+_OUTSIDE: dict[int, frozenset[str]] = {}
+
+
+@vllm_uses(
+    "refit",
+    mirrors=(
+        "vllm.model_executor.model_loader.reload.layerwise:_wrap_parameters_weight_loader",
+        "vllm.model_executor.model_loader.reload.layerwise:_get_weight_loader",
+    ),
+    calls=("vllm.model_executor.model_loader.weight_utils:default_weight_loader",),
+)
+def _watching_loaders(model: Any) -> Any:
+    """``model.load_weights`` wrapped: while it runs, every parameter's weight loader is
+    wrapped as vLLM's layerwise reload wraps it (``getattr(param, "weight_loader",
+    default_weight_loader)``, the attribute set on each parameter), and every in-place
+    write into a parameter's storage outside all of those loaders is noted in
+    :data:`_OUTSIDE`. The loaders and the writes run unchanged; the attributes are put back
+    afterwards."""
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+    original = model.load_weights
+    depth = [0]
+
+    def counted(loader: Any) -> Any:
+        @functools.wraps(loader)
+        def load(*args: Any, **kwargs: Any) -> Any:
+            depth[0] += 1
+            try:
+                return loader(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+
+        return load
+
+    @functools.wraps(original)
+    def load_weights(*args: Any, **kwargs: Any) -> Any:
+        params = parameters(model)
+        saved: dict[int, tuple[Any, bool, Any]] = {}
+        names: dict[int, set[str]] = {}
+        for mname, pname, _m, p in params:
+            ptr = storage(p)
+            if ptr is not None:
+                names.setdefault(ptr, set()).add(param_name(mname, pname))
+            if id(p) not in saved:
+                loader = getattr(p, "weight_loader", None)  # vLLM's parameters: a property
+                saved[id(p)] = (p, loader is not None, loader)
+                p.weight_loader = counted(loader or default_weight_loader)
+        try:
+            with WriteLog(outside=lambda: depth[0] == 0) as log:
+                out = original(*args, **kwargs)
+        finally:
+            for p, had, loader in saved.values():
+                if had:
+                    p.weight_loader = loader
+                else:
+                    del p.weight_loader
+        _OUTSIDE[id(model)] = frozenset(
+            n for ptr in log.written_outside for n in names.get(ptr, ())
+        )
+        return out
+
+    return load_weights
 
 
 @vllm_uses(
@@ -191,16 +264,28 @@ _WATCHED: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
     calls=(
         "vllm.model_executor.model_loader.utils:process_weights_after_loading",
         "vllm.model_executor.model_loader.base_loader:process_weights_after_loading",
+        "vllm.model_executor.model_loader.base_loader:BaseModelLoader.create_model",
     ),
 )
 @contextlib.contextmanager
 def watching_fresh_load() -> Iterator[None]:
-    """Inside (the pipelined worker's ``load_model``): vLLM's post-load processing runs
-    as it would, watched — which parameters it leaves exactly as the loaders wrote them
-    (:attr:`FreshLoad.kept`). Nothing else changes."""
+    """Inside (the pipelined worker's ``load_model``): vLLM's load runs as it would,
+    watched — which parameters the model's ``load_weights`` writes outside its weight
+    loaders (:attr:`FreshLoad.outside`), and which the post-load processing leaves exactly
+    as the loaders wrote them (:attr:`FreshLoad.kept`). Nothing else changes."""
     import vllm.model_executor.model_loader.base_loader as base_loader
 
     original = base_loader.process_weights_after_loading
+    loader_cls = base_loader.BaseModelLoader
+    create = loader_cls.create_model
+    wrapped: list[Any] = []
+
+    def created(self: Any, *args: Any, **kwargs: Any) -> Any:
+        model = create(self, *args, **kwargs)
+        if callable(getattr(model, "load_weights", None)):
+            object.__setattr__(model, "load_weights", _watching_loaders(model))
+            wrapped.append(model)
+        return model
 
     def watched(model: Any, *args: Any, **kwargs: Any) -> Any:
         before = _snapshot(model)
@@ -218,10 +303,14 @@ def watching_fresh_load() -> Iterator[None]:
         return out
 
     base_loader.process_weights_after_loading = watched
+    loader_cls.create_model = created  # type: ignore[method-assign]
     try:
         yield
     finally:
         base_loader.process_weights_after_loading = original
+        loader_cls.create_model = create  # type: ignore[method-assign]
+        for model in wrapped:  # the model's own method again
+            model.__dict__.pop("load_weights", None)
 
 
 def record_fresh_load(model: Any) -> FreshLoad:
@@ -235,6 +324,7 @@ def record_fresh_load(model: Any) -> FreshLoad:
         methods=methods,
         kept=watched[0] if watched else None,
         loaded=watched[1] if watched else None,
+        outside=_OUTSIDE.pop(id(model), None),
     )
     object.__setattr__(model, FRESH_ATTR, record)
     return record

@@ -71,12 +71,14 @@ REPAIRABLE = ("UnquantizedEmbeddingMethod",)
     calls=("vllm.model_executor.layers.vocab_parallel_embedding:VocabParallelEmbedding",),
 )
 def unrepairable(model: Any, record: FreshLoad) -> list[str]:
-    """The tied heads a layerwise reload would leave unprocessed and initpipe cannot
-    re-process safely, as lines (empty: a refit can proceed). Checked before anything
-    changes. A tied head is found as vLLM's own weight tying finds one, by type: a
-    vocabulary embedding or head (``VocabParallelEmbedding``) whose weight is another's;
-    the checkpoint loads one of them, and the other is left unprocessed. Any other module
-    left unprocessed is caught after the load (:func:`check`), and the refit fails closed."""
+    """What a layerwise reload would leave stale and initpipe cannot repair, as lines
+    (empty: a refit can proceed). Checked before anything changes: the parameters the
+    fresh load's ``load_weights`` wrote outside their weight loaders
+    (:attr:`FreshLoad.outside`), and the tied heads initpipe cannot re-process safely. A
+    tied head is found as vLLM's own weight tying finds one, by type: a vocabulary
+    embedding or head (``VocabParallelEmbedding``) whose weight is another's; the checkpoint
+    loads one of them, and the other is left unprocessed. Any other module left unprocessed
+    is caught after the load (:func:`check`), and the refit fails closed."""
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
     by_storage: dict[int, dict[int, tuple[str, Any]]] = {}
@@ -99,6 +101,16 @@ def unrepairable(model: Any, record: FreshLoad) -> list[str]:
                     f"{', '.join(REPAIRABLE)}'s processing (restart the engine on the "
                     "new weights instead)"
                 )
+    if record.outside:
+        names = sorted(record.outside)
+        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        lines.append(
+            f"{len(names)} parameter{' is' if len(names) == 1 else 's are'} written by "
+            f"{type(model).__name__}.load_weights "
+            f"outside their weight loaders ({shown}): vLLM's layerwise reload sees a load "
+            "only through the weight loaders, so a refit would leave them stale (restart "
+            "the engine on the new weights instead)"
+        )
     return lines
 
 

@@ -185,7 +185,27 @@ def _observe(llm: Any, task: str) -> dict[str, Any]:
 
     init = _ranks(llm.collective_rpc(_snapshot))
     outputs = run_workload(llm, task, salt=1)
-    return {"init": init, "outputs": outputs, "after": _ranks(llm.collective_rpc(_snapshot))}
+    return {
+        "init": init,
+        "outputs": outputs,
+        "after": _ranks(llm.collective_rpc(_snapshot)),
+        "numerics": llm.collective_rpc(_numerics),
+    }
+
+
+def _numerics(_worker: Any) -> dict[str, Any]:
+    """What can change a CPU engine's floating-point results without changing its state:
+    printed beside a difference from stock, so a difference has its first clue."""
+    import os
+
+    import torch
+
+    return {
+        "torch_threads": torch.get_num_threads(),
+        "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "mkldnn": torch.backends.mkldnn.is_available(),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
 
 
 def _print_outputs(task: str, workload: dict[str, Any]) -> None:
@@ -487,6 +507,7 @@ def _against_stock(
         _say(f"DIFFERENT from stock vLLM ({len(diffs)} differences):")
         for line in diffs[:40]:
             _say(f"  {line}")
+        _say(f"  numerics: stock {stock['numerics']}, initpipe {piped['numerics']}")
     for line in problems:
         _say(f"WORKLOAD PROBLEM (the outputs cannot show the KV cache): {line}")
     if diffs or problems:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 import torch
 
@@ -96,6 +97,51 @@ def test_a_tied_head_initpipe_cannot_reprocess_is_refused_by_name() -> None:
     model.head.weight = torch.nn.Parameter(weight.detach().clone(), requires_grad=False)
     record = coverage.record_fresh_load(model)
     assert coverage.unrepairable(model, record) == []  # untied: the reload loads it
+
+
+class SelfLoading(torch.nn.Module):
+    """A model whose ``load_weights`` loads ``a`` through its weight loader, ``b`` through
+    vLLM's default loader (no attribute) and writes ``sink`` itself, as GPT-OSS does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+        self.a = torch.nn.Parameter(torch.zeros(4), requires_grad=False)
+        self.a.weight_loader = default_weight_loader
+        self.b = torch.nn.Parameter(torch.zeros(4), requires_grad=False)
+        self.sink = torch.nn.Parameter(torch.zeros(2), requires_grad=False)
+
+    def load_weights(self, weights: Any) -> set[str]:
+        from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+        for name, t in weights:
+            param = getattr(self, name)
+            if name == "sink":
+                param.copy_(t)
+            else:
+                getattr(param, "weight_loader", default_weight_loader)(param, t)
+        return {n for n, _t in weights}
+
+
+def test_a_fresh_load_records_what_load_weights_writes_outside_the_loaders() -> None:
+    """Watched as vLLM's reload would see it; the load itself and the loaders unchanged."""
+    from initpipe_vllm.hook.fresh_load import _OUTSIDE, _watching_loaders
+
+    model = SelfLoading()
+    loader_a = model.a.weight_loader
+    weights = [("a", torch.ones(4)), ("b", torch.full((4,), 2.0)), ("sink", torch.ones(2))]
+    assert _watching_loaders(model)(weights) == {"a", "b", "sink"}
+    assert _OUTSIDE.pop(id(model)) == {"sink"}
+    assert model.a.tolist() == [1.0] * 4 and model.b.tolist() == [2.0] * 4
+    assert model.sink.tolist() == [1.0, 1.0]
+    assert model.a.weight_loader is loader_a and not hasattr(model.b, "weight_loader")
+    record = attrs.evolve(coverage.record_fresh_load(model), outside=frozenset({"sink"}))
+    (line,) = coverage.unrepairable(model, record)
+    assert line.startswith(
+        "1 parameter is written by SelfLoading.load_weights outside their weight "
+        "loaders (sink): vLLM's layerwise reload"
+    )
 
 
 def test_a_tied_head_left_unprocessed_is_repaired_then_passes(tied: Tied) -> None:

@@ -1,4 +1,5 @@
-"""A model vLLM's reload cannot refit: the refit fails closed, naming what would be stale.
+"""A model vLLM's reload cannot refit: the refit is refused before anything changes, and
+the load's own check fails closed where that refusal is bypassed.
 
 tiny-gpt-oss (GPT-OSS: a mixture of experts with attention sinks), seeded weights A then
 B, in one subprocess. Its unquantized ``load_weights`` writes the experts' stacks and the
@@ -8,9 +9,12 @@ put back with their old values ("GptOssRoutedExperts: Failed to load weights").
 
 - the CONTROL: a stock engine on A, vLLM's own ``reload_weights`` to B and
   ``reset_prefix_cache``: other tokens than a fresh stock engine on B;
-- the engine under test (pipelined) on A: ``refit(llm, B)`` fails closed at ``verify``
-  naming the sinks and the experts; the engine then refuses requests (it would serve
-  stale experts), and a retry fails the same way: only a restart serves B.
+- the engine under test (pipelined) on A: ``refit(llm, B)`` is refused before anything
+  changes, naming the sinks and the experts (the fresh load recorded that ``load_weights``
+  writes them outside their weight loaders); the engine serves on, exactly as before;
+- the same engine with that record cleared (as if the fresh load had not seen it): the
+  refit fails closed at ``verify`` naming the same parameters; the engine then refuses
+  requests (it would serve stale experts), and a retry fails the same way.
 
 Run as a script (``python test_refit_unreloadable.py OUT.json WEIGHTS_DIR``) it is that
 subprocess.
@@ -64,28 +68,41 @@ def _stock(a: Path, b: Path) -> dict[str, Any]:
     return out
 
 
+def _forget_outside(worker: Any) -> None:
+    import attrs
+
+    from initpipe_vllm.hook.fresh_load import FRESH_ATTR, fresh_load
+
+    model = worker.model_runner.get_model()
+    object.__setattr__(model, FRESH_ATTR, attrs.evolve(fresh_load(model), outside=None))
+
+
+def _attempt(llm: Any, b: Path) -> dict[str, Any]:
+    import initpipe_vllm as ip
+
+    try:
+        ip.refit(llm, b)
+        out: dict[str, Any] = {"error": None}
+    except ip.RefitError as err:
+        out = {"type": type(err).__name__, "step": err.step, "message": str(err)}
+        out["rank"] = getattr(err, "rank", None)
+    out["state"] = ip.weights_info(llm).state
+    return out
+
+
 def _refit(a: Path, b: Path) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    import initpipe_vllm as ip
     from initpipe_vllm.hook import PIPELINED_WORKER
 
     llm = LLM(**_kwargs(a, worker_cls=PIPELINED_WORKER))
-    _outputs(llm)
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"before": _outputs(llm)}
+    out["refused"] = _attempt(llm, b)
+    out["after_refusal"] = _outputs(llm)
+    llm.collective_rpc(_forget_outside)
     for attempt in ("first", "retry"):
-        try:
-            ip.refit(llm, b)
-            out[attempt] = {"error": None}
-        except ip.RefitError as err:
-            out[attempt] = {
-                "type": type(err).__name__,
-                "step": err.step,
-                "rank": err.rank,
-                "message": str(err),
-            }
-        out[attempt]["state"] = ip.weights_info(llm).state
+        out[attempt] = _attempt(llm, b)
     params = SamplingParams(max_tokens=2, temperature=0.0, detokenize=False)
     try:
         llm.generate([TokensPrompt(prompt_token_ids=[5, 6, 7])], params, use_tqdm=False)
@@ -117,7 +134,24 @@ def test_vllms_own_reload_serves_stale_experts(result: Any) -> None:
     assert result["control"] != result["fresh_b"]
 
 
-def test_the_refit_fails_closed_naming_the_stale_parameters(result: Any) -> None:
+def test_the_refit_is_refused_before_any_change_naming_the_stale_parameters(
+    result: Any,
+) -> None:
+    """The fresh load recorded the parameters GPT-OSS's ``load_weights`` writes itself; the
+    refit names them and changes nothing: the engine serves A's exact outputs on."""
+    got = result["refit"]["refused"]
+    assert got.get("type") == "RefitRefusedError", got
+    assert got["step"] == "engine" and got["state"] != "failed"
+    assert (
+        "written by GptOssForCausalLM.load_weights outside their weight loaders" in (got["message"])
+    )
+    assert "model.layers.0.attn.sinks" in got["message"]
+    assert "routed_experts.w13_bias" in got["message"]
+    assert result["refit"]["after_refusal"] == result["refit"]["before"]
+
+
+def test_without_the_record_the_load_check_fails_closed(result: Any) -> None:
+    """The second net: with the refusal bypassed, ``verify`` finds the stale parameters."""
     for attempt in ("first", "retry"):
         got = result["refit"][attempt]
         assert got.get("type") == "RefitError", got
