@@ -10,12 +10,15 @@ makes it true instead (e.g. ``INITPIPE_HOLD_STEPS``, :mod:`initpipe_vllm.resize.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
 import threading
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import IO, Any
 
-__all__ = ["HANG_S", "WatchedLock", "until", "until_async"]
+__all__ = ["HANG_S", "SILENT_S", "WatchedLock", "run_watched", "until", "until_async"]
 
 #: A wait on a condition gives up after this many seconds: only a hang takes so long.
 HANG_S = 300.0
@@ -60,3 +63,53 @@ class WatchedLock:
 
     def __exit__(self, *exc: object) -> None:
         self._lock.release()
+
+
+#: A subprocess that prints nothing for this many seconds is hung (:func:`run_watched`).
+SILENT_S = 600.0
+
+
+def run_watched(
+    cmd: Sequence[str], *, silent_s: float = SILENT_S, **popen: Any
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(cmd, capture_output=True, text=True, **popen)`` guarded by progress,
+    not by the total: the command may run as long as it keeps writing (vLLM logs each
+    engine start, the harness each model); only ``silent_s`` seconds without a byte on
+    stdout or stderr is a hang, and fails naming it after killing the command's process
+    group."""
+    proc = subprocess.Popen(
+        list(cmd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **popen,
+    )
+    chunks: dict[str, list[str]] = {"stdout": [], "stderr": []}
+    last = [time.monotonic()]
+
+    def read(name: str, stream: IO[str]) -> None:
+        for line in iter(stream.readline, ""):
+            chunks[name].append(line)
+            last[0] = time.monotonic()
+
+    readers = [
+        threading.Thread(target=read, args=(name, stream), daemon=True)
+        for name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr))
+    ]
+    for t in readers:
+        t.start()
+    while proc.poll() is None:
+        if time.monotonic() - last[0] > silent_s:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            tail = "".join(chunks["stdout"])[-3000:] + "".join(chunks["stderr"])[-3000:]
+            raise AssertionError(
+                f"{' '.join(cmd[:3])} ...: no output for {silent_s:.0f} s, a hang (killed):\n{tail}"
+            )
+        time.sleep(0.2)
+    for t in readers:
+        t.join()
+    return subprocess.CompletedProcess(
+        list(cmd), proc.returncode, "".join(chunks["stdout"]), "".join(chunks["stderr"])
+    )

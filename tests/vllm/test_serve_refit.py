@@ -2,7 +2,8 @@
 ``vllm serve``, talked to with the official ``openai`` client (completions) and httpx (the
 routes, ``/metrics``).
 
-Two real OpenAI-compatible servers start together, once for the module, on tiny-llama with
+Two real OpenAI-compatible servers start together, once for the module, on tiny-qwen3 (a
+tied head: ``tie_word_embeddings``, which vLLM's own reload leaves on the old weights) with
 seeded KV-sensitive weights, both named ``tiny`` (``--served-model-name``):
 
 - ``main``: initpipe's pipelined worker on weights ``A`` (seed 0), ``--api-key``, the
@@ -30,7 +31,7 @@ httpx = module("httpx", "vLLM's OpenAI server brings it")
 openai = module("openai", "vLLM's OpenAI server brings it")
 
 KEY = "initpipe-refit-key"
-MODEL = Path(__file__).resolve().parents[2] / "stages" / "models" / "tiny-llama"
+MODEL = Path(__file__).resolve().parent / "models" / "tiny-qwen3"  # tied
 NAME = "tiny"  # both servers' served model name
 WEIGHTS = "/initpipe/weights"
 REFIT = f"{WEIGHTS}/refit"
