@@ -69,7 +69,7 @@ RELEASE_PROOFS = (
     # control), the refit equals a fresh engine, the planted load bugs fail it closed; a
     # model whose load_weights writes parameters itself (GPT-OSS) is refused unchanged
     *(
-        f"tests/vllm/test_refit_models.py::{test}[tiny-qwen3-"
+        f"tests/vllm/test_refit_models.py::{test}[tiny-qwen3"
         for test in (
             "test_the_two_checkpoints_differ",
             "test_vllms_own_reload_still_serves_a_stale_tied_head",
