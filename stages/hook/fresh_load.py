@@ -141,7 +141,8 @@ class WriteLog:
     """A torch dispatch mode that collects the storages every in-place op writes (each op
     whose schema marks an argument written); with ``on_copy``, it only hands each
     ``copy_`` to it (``written`` stays empty: the cheap mode a reload runs in); with
-    ``outside``, a write while ``outside()`` is true goes to ``written_outside`` instead."""
+    ``outside``, a write into a storage for which ``outside(storage)`` is true goes to
+    ``written_outside`` instead."""
 
     def __new__(cls, on_copy: Any = None, outside: Any = None) -> Any:
         from torch.utils._python_dispatch import TorchDispatchMode
@@ -169,7 +170,7 @@ class WriteLog:
                     t = args[i] if i < len(args) else kwargs.get(arg.name)
                     ptr = storage(t) if hasattr(t, "untyped_storage") else None
                     if ptr is not None:
-                        into = self.written_outside if outside and outside() else self.written
+                        into = self.written_outside if outside and outside(ptr) else self.written
                         into.add(ptr)
                 return func(*args, **kwargs)
 
@@ -197,59 +198,69 @@ _WATCHED: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
 _OUTSIDE: dict[int, frozenset[str]] = {}
 
 
+def _codes(loader: Any) -> set[Any]:
+    """The code objects a call of ``loader`` runs first: through bound methods, partials
+    and ``functools.wraps`` wrappers (each layer's), or a callable object's ``__call__``."""
+    out: set[Any] = set()
+    seen: set[int] = set()
+    todo = [loader]
+    while todo:
+        fn = todo.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            out.add(code)
+        if isinstance(fn, functools.partial):
+            todo.append(fn.func)
+        todo += [getattr(fn, "__func__", None), getattr(fn, "__wrapped__", None)]
+        if code is None and not isinstance(fn, functools.partial) and callable(fn):
+            todo.append(type(fn).__dict__.get("__call__"))
+    return out
+
+
 @vllm_uses(
     "refit",
-    mirrors=(
-        "vllm.model_executor.model_loader.reload.layerwise:_wrap_parameters_weight_loader",
-        "vllm.model_executor.model_loader.reload.layerwise:_get_weight_loader",
-    ),
+    mirrors=("vllm.model_executor.model_loader.reload.layerwise:_get_weight_loader",),
     calls=("vllm.model_executor.model_loader.weight_utils:default_weight_loader",),
 )
 def _watching_loaders(model: Any) -> Any:
-    """``model.load_weights`` wrapped: while it runs, every parameter's weight loader is
-    wrapped as vLLM's layerwise reload wraps it (``getattr(param, "weight_loader",
-    default_weight_loader)``, the attribute set on each parameter), and every in-place
-    write into a parameter's storage outside all of those loaders is noted in
-    :data:`_OUTSIDE`. The loaders and the writes run unchanged; the attributes are put back
-    afterwards."""
+    """``model.load_weights`` watched: every in-place write into a parameter's storage
+    made while no weight loader is running (no frame of a parameter's ``weight_loader``,
+    or of vLLM's ``default_weight_loader``, on the Python stack) is noted in
+    :data:`_OUTSIDE`. That is what vLLM's layerwise reload cannot see: it wraps the
+    parameters' weight loaders (``getattr(param, "weight_loader",
+    default_weight_loader)``), and a write past them lands on the meta device. Nothing is
+    changed: no attribute is set, the loaders and the writes run as they are."""
+    import sys
+
     from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
     original = model.load_weights
-    depth = [0]
-
-    def counted(loader: Any) -> Any:
-        @functools.wraps(loader)
-        def load(*args: Any, **kwargs: Any) -> Any:
-            depth[0] += 1
-            try:
-                return loader(*args, **kwargs)
-            finally:
-                depth[0] -= 1
-
-        return load
 
     @functools.wraps(original)
     def load_weights(*args: Any, **kwargs: Any) -> Any:
-        params = parameters(model)
-        saved: dict[int, tuple[Any, bool, Any]] = {}
         names: dict[int, set[str]] = {}
-        for mname, pname, _m, p in params:
+        codes = _codes(default_weight_loader)
+        for mname, pname, _m, p in parameters(model):
             ptr = storage(p)
             if ptr is not None:
                 names.setdefault(ptr, set()).add(param_name(mname, pname))
-            if id(p) not in saved:
-                loader = getattr(p, "weight_loader", None)  # vLLM's parameters: a property
-                saved[id(p)] = (p, loader is not None, loader)
-                p.weight_loader = counted(loader or default_weight_loader)
-        try:
-            with WriteLog(outside=lambda: depth[0] == 0) as log:
-                out = original(*args, **kwargs)
-        finally:
-            for p, had, loader in saved.values():
-                if had:
-                    p.weight_loader = loader
-                else:
-                    del p.weight_loader
+            codes |= _codes(getattr(p, "weight_loader", None))
+
+        def outside(ptr: int) -> bool:
+            if ptr not in names:
+                return False  # not a parameter's storage
+            frame: Any = sys._getframe(1)
+            while frame is not None:
+                if frame.f_code in codes:
+                    return False
+                frame = frame.f_back
+            return True
+
+        with WriteLog(outside=outside) as log:
+            out = original(*args, **kwargs)
         _OUTSIDE[id(model)] = frozenset(
             n for ptr in log.written_outside for n in names.get(ptr, ())
         )

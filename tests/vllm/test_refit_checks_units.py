@@ -101,14 +101,16 @@ def test_a_tied_head_initpipe_cannot_reprocess_is_refused_by_name() -> None:
 
 class SelfLoading(torch.nn.Module):
     """A model whose ``load_weights`` loads ``a`` through its weight loader, ``b`` through
-    vLLM's default loader (no attribute) and writes ``sink`` itself, as GPT-OSS does."""
+    vLLM's default loader (no attribute), picking the call by comparing the loader with
+    ``default_weight_loader`` as Llama 4 and GPT-OSS do, and writes ``sink`` itself, as
+    GPT-OSS does."""
 
     def __init__(self) -> None:
         super().__init__()
         from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
         self.a = torch.nn.Parameter(torch.zeros(4), requires_grad=False)
-        self.a.weight_loader = default_weight_loader
+        self.a.weight_loader = default_weight_loader  # set, as vLLM's layers set theirs
         self.b = torch.nn.Parameter(torch.zeros(4), requires_grad=False)
         self.sink = torch.nn.Parameter(torch.zeros(2), requires_grad=False)
 
@@ -117,15 +119,19 @@ class SelfLoading(torch.nn.Module):
 
         for name, t in weights:
             param = getattr(self, name)
+            loader = getattr(param, "weight_loader", default_weight_loader)
             if name == "sink":
                 param.copy_(t)
+            elif loader == default_weight_loader:
+                loader(param, t)
             else:
-                getattr(param, "weight_loader", default_weight_loader)(param, t)
+                loader(param, t, "shard")  # a stacked parameter's call: not these
         return {n for n, _t in weights}
 
 
 def test_a_fresh_load_records_what_load_weights_writes_outside_the_loaders() -> None:
-    """Watched as vLLM's reload would see it; the load itself and the loaders unchanged."""
+    """Watched as vLLM's reload would see it; the load itself and the loaders unchanged
+    (a loader compared with ``default_weight_loader`` still is it)."""
     from initpipe_vllm.hook.fresh_load import _OUTSIDE, _watching_loaders
 
     model = SelfLoading()
