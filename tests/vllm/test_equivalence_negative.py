@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from waiting import run_watched
 
 EXT_DIR = Path(__file__).resolve().parent / "negative_ext"
 ENTRY_POINTS = {
@@ -121,6 +120,8 @@ def found(tmp_path_factory: pytest.TempPathFactory, seeded_weights_dir: Path) ->
     }
     out = tmp / "found.json"
     cmd = [sys.executable, __file__, str(out), str(seeded_weights_dir)]
+    from waiting import run_watched  # not at the top: this file runs as the script too
+
     proc = run_watched(cmd, env=env, cwd=tmp)
     (tmp / "script.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0 and out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
