@@ -3,7 +3,7 @@
     python scripts/draw_refit.py [-o docs/images/refit.svg]
 
 The steps, their order and where a failure stops being a refusal come from the refit's own
-step lists (``initpipe_vllm.resize.refit_core``: ``REFIT``, ``REFIT_RELEASED`` and the
+step lists (``initpipe_vllm.live.refit.engine``: ``REFIT``, ``REFIT_RELEASED`` and the
 transaction driver's rules), so the picture cannot drift from the code: a step the code
 gains without a line in :data:`WHAT` here stops this script, and
 tests/test_docs_pictures_refit.py fails while the committed picture differs from what this
@@ -20,7 +20,7 @@ from typing import Any
 import draw_common
 
 # the installed package's name (mypy reads stages/ as ``stages``): imported by name
-refit_core: Any = importlib.import_module("initpipe_vllm.resize.refit_core")
+refit_core: Any = importlib.import_module("initpipe_vllm.live.refit.engine")
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "images" / "refit.svg"

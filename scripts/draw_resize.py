@@ -7,7 +7,7 @@ float32, vLLM's CPU block size of 128 tokens) runs with 16 KV blocks; requests f
 released blocks 1 to 10, oldest first, so they sit in the prefix cache; blocks 11 to 15
 were never used; block 0 is vLLM's null block. It is shrunk to 8 blocks, keeping the
 prefix cache. What the new cache keeps, and at which block id, is what the resize itself
-computes: ``initpipe_vllm.resize.carry.plan_carry`` on that pool. The bytes of a block are
+computes: ``initpipe_vllm.live.carry.pool.plan_carry`` on that pool. The bytes of a block are
 the model's (layers, KV heads, head size), so the picture cannot drift from the code:
 tests/test_docs_pictures_resize.py fails while the committed picture differs from what
 this draws. Needs Graphviz's ``dot``; imports no vLLM.
@@ -23,7 +23,7 @@ from typing import Any
 import draw_common
 
 # the installed package's name (mypy reads stages/ as ``stages``): imported by name
-carry: Any = importlib.import_module("initpipe_vllm.resize.carry")
+carry: Any = importlib.import_module("initpipe_vllm.live.carry.pool")
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "images" / "resize.svg"

@@ -182,12 +182,12 @@ def errors_table(module: str, names: list[str]) -> str:
 HTTP = re.compile(r"<!-- http-(routes|answers|refusals) -->")
 #: What each route's call answers (the route table names the call; a new call needs a line).
 HTTP_ANSWERS = {
-    "_info": "initpipe_vllm.resize.report:KVCacheInfo",
-    "_resize": "initpipe_vllm.resize.report:ResizeReport",
-    "_release": "initpipe_vllm.resize.report:ResizeReport",
-    "_resume": "initpipe_vllm.resize.report:ResizeReport",
-    "weights_info": "initpipe_vllm.resize.receipt:WeightsInfo",
-    "refit": "initpipe_vllm.resize.receipt:RefitReceipt",
+    "_info": "initpipe_vllm.live.resize.report:KVCacheInfo",
+    "_resize": "initpipe_vllm.live.resize.report:ResizeReport",
+    "_release": "initpipe_vllm.live.resize.report:ResizeReport",
+    "_resume": "initpipe_vllm.live.resize.report:ResizeReport",
+    "weights_info": "initpipe_vllm.live.refit.receipt:WeightsInfo",
+    "refit": "initpipe_vllm.live.refit.receipt:RefitReceipt",
 }
 
 

@@ -21,9 +21,10 @@ concern, imports pointing down (``tests/test_layout.py`` checks it):
 - ``contract/`` — what the catalogs mirror of vLLM, and the check against the installed one;
 - ``hook/`` — the vLLM integration: pipelined runners (v1 and MRv2) and worker, plugin,
   progress;
-- ``resize/`` — live resize of a running engine's KV cache (the public
-  ``resize_kv_cache``, ``release_kv_cache``, ``resume_kv_cache``, ``kv_cache_info``,
-  re-exported here lazily);
+- ``live/`` — changes to a running engine, one transaction at a time: its KV cache's
+  resize, release and resume (with the prefix cache kept) and the weight refit (the
+  public ``resize_kv_cache``, ``release_kv_cache``, ``resume_kv_cache``,
+  ``kv_cache_info``, ``refit``, ``weights_info`` and their twins, re-exported here lazily);
 - ``serve/`` — the same over HTTP: ``initpipe_vllm.serve.kv_cache_routes``, middleware for
   ``vllm serve --middleware``;
 - ``testing/`` — the test kit: pytest plugin, ``runner_snapshot``, the stock-vs-pipelined
@@ -33,7 +34,7 @@ concern, imports pointing down (``tests/test_layout.py`` checks it):
 
 What this facade keeps working: the v1 catalog's names (:func:`catalog`,
 :func:`base_catalog`, ``STAGES``, ``INITPIPE_INPUTS``, every stage, so
-``Pipeline.from_module("initpipe_vllm")`` builds it), the error names, the lazy resize API,
+``Pipeline.from_module("initpipe_vllm")`` builds it), the error names, the lazy live API,
 ``initpipe_vllm:pipeline`` (what ``initpipe graph`` draws), and the v1 stage modules'
 pre-folder names (``initpipe_vllm.kv_tensors`` is ``initpipe_vllm.v1.kv_tensors``; an
 extension written against them keeps importing). ``worker.py``, ``runner.py`` and
@@ -81,7 +82,7 @@ for _name, _module in MOVED_MODULES.items():
     sys.modules.setdefault(f"{__name__}.{_name}", _module)
 del _name, _module
 
-#: The live-resize API, re-exported lazily from ``resize/`` (a higher layer).
+#: The live-resize API, re-exported lazily from ``live/`` (a higher layer).
 RESIZE_API = (
     "KVCacheInfo",
     "Probe",
@@ -108,9 +109,9 @@ def __getattr__(name: str) -> Any:
     if name == "pipeline":
         return catalog()
     if name in RESIZE_API:
-        from . import resize
+        from .live import api
 
-        return getattr(resize, name)
+        return getattr(api, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

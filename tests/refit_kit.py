@@ -25,15 +25,15 @@ def outputs(llm: Any) -> Any:
 
 def digests(llm: Any) -> list[str]:
     """Each rank's weights digest, in rank order."""
-    from initpipe_vllm.resize.weights import rank_digest
+    from initpipe_vllm.live.refit.weights import rank_digest
 
     return [a["digest"] for a in llm.collective_rpc(rank_digest)]
 
 
 def default_prompts(llm: Any) -> list[list[int]]:
     """The prompts a refit's default probe serves on ``llm``'s model."""
-    from initpipe_vllm.resize.probe import Probe
-    from initpipe_vllm.resize.probe import default_prompts as built
+    from initpipe_vllm.live.refit.probe import Probe
+    from initpipe_vllm.live.refit.probe import default_prompts as built
 
     cfg = core(llm).vllm_config
     return [

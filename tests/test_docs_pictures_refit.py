@@ -11,7 +11,7 @@ from docs_pictures import assert_current, run_script
 
 
 def test_the_picture_names_every_step_of_the_code_in_order() -> None:
-    from initpipe_vllm.resize import refit_core
+    from initpipe_vllm.live.refit import engine as refit_core
 
     res = run_script("draw_refit", "--dot")
     assert res.returncode == 0, res.stderr

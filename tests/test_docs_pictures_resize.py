@@ -15,7 +15,7 @@ def test_the_picture_draws_what_the_resize_keeps() -> None:
     """Its arrows are the carry plan's moves for the picture's pool; its sizes are the
     tiny Llama's (128 KiB a float32 block of 128 tokens, as the how-to's example frees
     8 MiB for 64 blocks)."""
-    from initpipe_vllm.resize.carry import PoolState, plan_carry
+    from initpipe_vllm.live.carry.pool import PoolState, plan_carry
 
     res = run_script("draw_resize", "--dot")
     assert res.returncode == 0, res.stderr

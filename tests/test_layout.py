@@ -9,8 +9,12 @@ Layers, lowest first:
 - ``initpipe_vllm``: the catalog level <- ``contract`` (what the catalogs mirror of vLLM,
   and the check; ``compat``, the vLLM calls that move between releases bound once and
   declared through the contract, sits beside it) <- ``hook`` (with the
-  ``worker``/``runner`` re-exports) <- ``resize`` <- ``serve`` <- ``testing`` (with the
+  ``worker``/``runner`` re-exports) <- ``live`` <- ``serve`` <- ``testing`` (with the
   ``pytest_plugin`` re-export) <- ``tools``;
+- the live package, in its own order: its ``core`` (the driver, the engine-core entry,
+  the rank side) <- the ``frontend`` <- the ``carry`` room <- the ``resize`` and ``refit``
+  rooms, siblings that never import each other <- ``api`` (every public name), the
+  ``plugin`` and the package;
 - the catalog level, in its own order: the leaves (``errors``, ``vllm_names``)
   <- the shared machinery (``catalogs``, the ``releases`` index) <- the catalogs, siblings
   (``v1``, ``mrv2``: one may import the other's stage modules to re-spec a shared body,
@@ -18,7 +22,7 @@ Layers, lowest first:
   overlays on the catalogs' stages) <- the facade (the package ``initpipe_vllm`` itself,
   which defines nothing: it re-exports);
 - one exception, declared in :data:`FACADES`: the package ``initpipe_vllm`` re-exports the
-  public resize API from ``resize`` lazily (PEP 562 ``__getattr__``). Imports inside a
+  public resize and refit API from ``live.api`` lazily (PEP 562 ``__getattr__``). Imports inside a
   facade's module-level ``__getattr__`` run only when the name is looked up, never at
   import time, so they are left out of the graph; the test checks the names resolve;
 - ``initpipe`` never imports ``initpipe_vllm`` (the CLI names it only as strings).
@@ -122,7 +126,11 @@ VLLM_LAYERS = [
     (r"initpipe_vllm\.tools\b", (6, 0)),
     (r"initpipe_vllm\.(testing|pytest_plugin)\b", (5, 0)),
     (r"initpipe_vllm\.serve\b", (4, 0)),
-    (r"initpipe_vllm\.resize\b", (3, 0)),
+    (r"initpipe_vllm\.live(\.plugin|\.api)?$", (3, 4)),
+    (r"initpipe_vllm\.live\.(resize|refit)\b", (3, 3)),
+    (r"initpipe_vllm\.live\.carry\b", (3, 2)),
+    (r"initpipe_vllm\.live\.frontend$", (3, 1)),
+    (r"initpipe_vllm\.live\.core\b", (3, 0)),
     (r"initpipe_vllm\.(hook|worker|runner)\b", (2, 0)),
     (r"initpipe_vllm\.(contract|compat)\b", (1, 0)),
     (r"initpipe_vllm\.releases\.\w+$", (0, 3)),
@@ -191,6 +199,30 @@ def test_the_catalogs_are_siblings() -> None:
     assert [d for _, d in crossing if d in CATALOGS] == []
     pairs = {(src, _catalog_of(d)) for src, d in crossing}
     assert [(a, b) for a, b in pairs if (b, a) in pairs] == []
+
+
+#: The live package's rooms (siblings: none imports another's modules, only the core,
+#: the frontend and, for the resize, the carry below them).
+LIVE_ROOMS = ("initpipe_vllm.live.resize", "initpipe_vllm.live.refit")
+
+
+def _room_of(mod: str) -> str | None:
+    return next((r for r in LIVE_ROOMS if mod == r or mod.startswith(r + ".")), None)
+
+
+def test_the_live_rooms_are_siblings() -> None:
+    crossing = sorted(
+        (m, d)
+        for m, d in _graph().edges
+        if _room_of(m) and _room_of(d) and _room_of(m) != _room_of(d)
+    )
+    assert crossing == []
+    # the rooms exist and import the core (a renamed package cannot pass by being empty)
+    for room in LIVE_ROOMS:
+        assert any(
+            _room_of(m) == room and d.startswith("initpipe_vllm.live.core.")
+            for m, d in _graph().edges
+        ), room
 
 
 def test_the_root_package_is_only_a_facade() -> None:

@@ -4,7 +4,7 @@ thread or process.
 A test that needs a state (a request in flight, a thread inside a stage) waits until the
 state is observed; the deadline exists only so a hang fails instead of blocking CI — no
 test passes or fails by how fast the machine is. Where a state cannot be observed, the test
-makes it true instead (e.g. ``INITPIPE_HOLD_STEPS``, :mod:`initpipe_vllm.resize.hold`).
+makes it true instead (e.g. ``INITPIPE_HOLD_STEPS``, :mod:`initpipe_vllm.live.core.hold`).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ variant sits beside it, declared for that release, and registers itself::
 
     @rebuild_scheduler_kv.variant("0.33.0")
     @vllm_uses("resize", mirrors=(...), release="0.33.0",
-               replaces=("initpipe_vllm.resize.replay:rebuild_scheduler_kv",))
+               replaces=("initpipe_vllm.live.core.replay:rebuild_scheduler_kv",))
     def _rebuild_scheduler_kv_0_33_0(core, new): ...
 
 A call runs the variant of the release whose lock the installed vLLM matched for that

@@ -402,7 +402,7 @@ class PipelineHost:
         initpipe_trace: the Trace of every stage run and teardown, and of the vLLM steps
             around them (the worker records those as spans); it outlives re-created runs.
 
-    The KV lifecycle a live resize drives (:mod:`initpipe_vllm.resize.rank` calls only
+    The KV lifecycle a live resize drives (:mod:`initpipe_vllm.live.core.rank` calls only
     these): :meth:`initpipe_requests`, :meth:`initpipe_kv_in_place`,
     :meth:`initpipe_release_cuda_graphs` (before the teardown: graphs hold the old KV
     addresses) and :meth:`initpipe_release_kv_cache`. Re-initializing is vLLM's own

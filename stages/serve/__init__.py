@@ -5,7 +5,7 @@ What belongs here: the server side of the resize and refit APIs and nothing else
 loads :data:`kv_cache_routes` when started with
 ``--middleware initpipe_vllm.serve.kv_cache_routes`` (that dotted name is public and
 stable); it answers ``GET /initpipe/kv_cache`` and ``POST /initpipe/kv_cache/resize``,
-``/release``, ``/resume`` by calling the async resize API (:mod:`initpipe_vllm.resize`),
+``/release``, ``/resume`` by calling the async resize API (:mod:`initpipe_vllm.live`),
 and ``GET /initpipe/weights`` and ``POST /initpipe/weights/refit`` by calling the async
 refit API (the folder confined to :data:`REFIT_ROOT_ENV`), on the server's own
 ``AsyncLLM``, guarded by the server's ``--api-key`` (closed without one unless

@@ -8,17 +8,17 @@ APIs take) and ``app.state.args`` (the server's ``--api-key``).
 Routes (JSON in, JSON out):
 
 =========  ===============================  ==================================================
-GET        ``/initpipe/kv_cache``            :class:`~initpipe_vllm.resize.KVCacheInfo`
+GET        ``/initpipe/kv_cache``            :class:`~initpipe_vllm.live.api.KVCacheInfo`
 POST       ``/initpipe/kv_cache/resize``     ``{"num_blocks": N}`` or
                                              ``{"kv_cache_memory_bytes": B}``, optional
                                              ``"mode": "wait" | "abort"``,
                                              ``"keep_prefix_cache": true | false``
                                              (default true)
-                                             -> :class:`~initpipe_vllm.resize.ResizeReport`
+                                             -> :class:`~initpipe_vllm.live.api.ResizeReport`
 POST       ``/initpipe/kv_cache/release``    optional ``{"mode": ...}`` -> the report
 POST       ``/initpipe/kv_cache/resume``     optional size (default: the size before the
                                              release) -> the report
-GET        ``/initpipe/weights``             :class:`~initpipe_vllm.resize.receipt.
+GET        ``/initpipe/weights``             :class:`~initpipe_vllm.live.refit.receipt.
                                              WeightsInfo` (state, version, digests, refits,
                                              failures, failure, last receipt)
 POST       ``/initpipe/weights/refit``       ``{"path": "folder"}`` (a folder of safetensors
@@ -27,7 +27,7 @@ POST       ``/initpipe/weights/refit``       ``{"path": "folder"}`` (a folder of
                                              ``"version"``, ``"num_blocks"`` or
                                              ``"kv_cache_memory_bytes"``, ``"mode"``,
                                              ``"expected_digest"``, ``"probe"`` (a dict of
-                                             :class:`~initpipe_vllm.resize.probe.Probe`'s
+                                             :class:`~initpipe_vllm.live.refit.probe.Probe`'s
                                              fields, or false) -> :class:`~initpipe_vllm.
                                              resize.receipt.RefitReceipt`
 =========  ===============================  ==================================================
@@ -63,7 +63,7 @@ import attrs
 
 from ..contract.declare import vllm_uses
 from ..errors import RefitError, RefitRefusedError, ResizeError, ResizeRefusedError
-from ..resize import (
+from ..live.api import (
     kv_cache_info_async,
     release_kv_cache_async,
     resize_kv_cache_async,

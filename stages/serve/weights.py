@@ -29,7 +29,7 @@ from typing import Any
 import attrs
 
 from ..errors import RefitError, RefitRefusedError
-from ..resize import refit_async, weights_info_async
+from ..live.api import refit_async, weights_info_async
 from .problem import Problem
 
 __all__ = [

@@ -521,7 +521,7 @@ def _against_stock(
 
 def _resize_steps(llm: Any, task: str, counts: list[int]) -> list[tuple[int, Any]]:
     """Resize to each count in turn; print each report; generate again each time."""
-    from ..resize import kv_cache_info, resize_kv_cache
+    from ..live.api import kv_cache_info, resize_kv_cache
     from ..testing.equivalence import run_workload
 
     out = []

@@ -240,7 +240,7 @@ def test_the_worker_gates_refuse_naming_the_functions(drifted_install: Source) -
 
 
 def test_the_resize_plugin_refuses_to_install(drifted_install: Source) -> None:
-    from initpipe_vllm.resize import engine
+    from initpipe_vllm.live.core import entry
 
     with pytest.raises(UnsupportedRunnerError, match=r"Scheduler\.__init__"):
-        engine.install.__wrapped__()
+        entry._engine_core_class.__wrapped__()

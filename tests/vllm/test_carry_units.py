@@ -1,4 +1,4 @@
-"""The scheduler side of a resize that keeps the prefix cache (``initpipe_vllm.resize.carry``),
+"""The scheduler side of a resize that keeps the prefix cache (``initpipe_vllm.live.carry.pool``),
 on plain ids and on vLLM's own ``BlockPool`` objects (no engine).
 
 The engine-level proof (bytes, outputs, stock engines) is ``test_resize_warm.py``; here each
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from initpipe_vllm.resize.carry import CarryPlan, PoolState, apply_carry, plan_carry, read_pool
+from initpipe_vllm.live.carry.pool import CarryPlan, PoolState, apply_carry, plan_carry, read_pool
 
 
 def _state(num_blocks: int, queue: list[int], cached: list[int]) -> PoolState:

@@ -94,7 +94,7 @@ def _state(llm: Any) -> dict[str, Any]:
 
 
 def _digests(llm: Any) -> list[str]:
-    from initpipe_vllm.resize.weights import rank_digest
+    from initpipe_vllm.live.refit.weights import rank_digest
 
     return [a["digest"] for a in llm.collective_rpc(rank_digest)]
 
@@ -104,7 +104,7 @@ def _probe_outputs(llm: Any, prompts: list[list[int]]) -> dict[str, Any]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from initpipe_vllm.resize.probe import Probe
+    from initpipe_vllm.live.refit.probe import Probe
 
     params = SamplingParams(
         max_tokens=Probe().max_tokens,
@@ -247,9 +247,9 @@ def _half_load(original: Any) -> Any:
 def _fault(llm: Any, step: str) -> Iterator[None]:
     """One failure inside ``step`` of the next refit (inside the rank or engine-core code
     that step runs, so the step's own error handling is what is tested)."""
-    import initpipe_vllm.resize.probe as probe_module
-    import initpipe_vllm.resize.steps as steps_module
-    import initpipe_vllm.resize.weights as weights_module
+    import initpipe_vllm.live.core.steps as steps_module
+    import initpipe_vllm.live.refit.probe as probe_module
+    import initpipe_vllm.live.refit.weights as weights_module
     from initpipe.testing import clear_faults, inject_fault
 
     worker = _worker(llm)
@@ -264,7 +264,7 @@ def _fault(llm: Any, step: str) -> Iterator[None]:
         with _patched(worker, "reload_weights", _half_load):
             yield
     elif step == "verify":
-        import initpipe_vllm.resize.coverage as coverage_module
+        import initpipe_vllm.live.refit.coverage as coverage_module
 
         with _patched(coverage_module, "check", _raising(msg)):
             yield
@@ -349,8 +349,8 @@ def _engine_under_test(a: Path, b: Path, extra: dict[str, Any], spy: Any, tmp: P
 
     import initpipe_vllm as ip
     from initpipe_vllm.hook import PIPELINED_WORKER
-    from initpipe_vllm.resize.probe import Probe
-    from initpipe_vllm.resize.refit_core import _hashes
+    from initpipe_vllm.live.refit.engine import _hashes
+    from initpipe_vllm.live.refit.probe import Probe
     from initpipe_vllm.testing.equivalence import workload_engine_kwargs
     from initpipe_vllm.testing.stock import runner_classes
 

@@ -1,5 +1,5 @@
 """Units of a refit's checks, on small torch modules and vLLM's own layer methods (no
-engine): the load check against a fresh load (:mod:`initpipe_vllm.resize.coverage`), the
+engine): the load check against a fresh load (:mod:`initpipe_vllm.live.refit.coverage`), the
 weights' schema rules (a tied head's copy, dtype casts) and the probe's tolerance.
 The engine-level proofs are ``test_refit_models.py`` and ``test_refit.py``."""
 
@@ -11,9 +11,9 @@ import attrs
 import pytest
 import torch
 
-from initpipe_vllm.resize import coverage
-from initpipe_vllm.resize.probe import DTYPE_ATOL, _agreeing, default_atol
-from initpipe_vllm.resize.weights import casts, mismatches, tied_copies
+from initpipe_vllm.live.refit import coverage
+from initpipe_vllm.live.refit.probe import DTYPE_ATOL, _agreeing, default_atol
+from initpipe_vllm.live.refit.weights import casts, mismatches, tied_copies
 
 
 class Tied(torch.nn.Module):

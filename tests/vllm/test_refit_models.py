@@ -144,7 +144,7 @@ def _planted(llm: Any, bug: str, skipped: tuple[str, str]) -> Iterator[None]:
     """One bug in the next refit's load (inside the worker: the check sees what it did)."""
     import torch
 
-    import initpipe_vllm.resize.coverage as coverage
+    import initpipe_vllm.live.refit.coverage as coverage
 
     model, worker = _model(llm), _worker(llm)
     if bug == "skipped_parameter":  # the model's loader drops one checkpoint tensor
@@ -201,7 +201,7 @@ def _planted(llm: Any, bug: str, skipped: tuple[str, str]) -> Iterator[None]:
 def _shifted(llm: Any) -> str:
     """The parameter the ``other_bytes`` bug shifts: the first a fresh load keeps as loaded
     that is tied to none (a tied one is named by the name its loader wrote)."""
-    from initpipe_vllm.resize.coverage import fresh_load
+    from initpipe_vllm.live.refit.coverage import fresh_load
 
     record = fresh_load(_model(llm))
     assert record is not None and record.kept

@@ -65,7 +65,7 @@ def _cold_warm(llm: Any, prompts: list[list[int]]) -> list[dict[str, Any]]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from initpipe_vllm.resize.probe import Probe
+    from initpipe_vllm.live.refit.probe import Probe
 
     params = SamplingParams(
         max_tokens=Probe().max_tokens,
@@ -116,7 +116,7 @@ def _train_step(a: Path, b: Path) -> Any:
 @contextlib.contextmanager
 def _blind() -> Iterator[None]:
     """initpipe's repair off and its load check seeing nothing: a stale head is served."""
-    import initpipe_vllm.resize.coverage as coverage
+    import initpipe_vllm.live.refit.coverage as coverage
 
     repair, check = coverage.repair, coverage.check
 
@@ -162,7 +162,7 @@ def main(out: str, weights_dir: str) -> None:
 
     import initpipe_vllm as ip
     from initpipe_vllm.hook import PIPELINED_WORKER
-    from initpipe_vllm.resize.probe import Probe
+    from initpipe_vllm.live.refit.probe import Probe
     from initpipe_vllm.testing.real_model import smollm2
 
     a = smollm2(weights_dir)
@@ -241,7 +241,7 @@ def test_a_refit_from_the_trainer_is_a_fresh_engine_on_the_saved_weights(
 def test_the_probe_passes_where_stock_cold_and_warm_differ_within_the_dtype(result: Any) -> None:
     """The probe's tolerance holds stock vLLM itself: its cold and warm runs of the probe's
     prompts differ by no more than bfloat16's default (tokens equal up to a near tie)."""
-    from initpipe_vllm.resize.probe import _agreeing, default_atol
+    from initpipe_vllm.live.refit.probe import _agreeing, default_atol
 
     cold, warm = result["fresh_b"]["cold_warm"]
     atol = default_atol("bfloat16")

@@ -376,7 +376,7 @@ def _scheduler_faults(llm: Any) -> dict[str, Any]:
 
     import initpipe_vllm as ip
     from initpipe_vllm.contract.report import installed_release
-    from initpipe_vllm.resize.replay import rebuild_scheduler_kv
+    from initpipe_vllm.live.core.replay import rebuild_scheduler_kv
     from initpipe_vllm.testing.snapshot import scheduler_snapshot
 
     def configured() -> dict[str, Any]:  # the pool's contents aside (a rollback empties it)

@@ -95,7 +95,7 @@ def _sync(folder: Path, extra: dict[str, Any], hold: Path) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
     import initpipe_vllm as ip
-    from initpipe_vllm.resize.hold import UNTIL_PAUSE
+    from initpipe_vllm.live.core.hold import UNTIL_PAUSE
 
     rec: dict[str, Any] = {}
     params = SamplingParams(max_tokens=LONG, temperature=0.0, ignore_eos=True, detokenize=False)
@@ -270,7 +270,7 @@ async def _async(
     from vllm.v1.engine.async_llm import AsyncLLM
 
     import initpipe_vllm as ip
-    from initpipe_vllm.resize.hold import UNTIL_PAUSE
+    from initpipe_vllm.live.core.hold import UNTIL_PAUSE
 
     kwargs = _kwargs(folder, extra, A, pipelined=True)
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
@@ -284,7 +284,7 @@ async def _async(
 
         async def started(rid: str, seed: int, text: str) -> asyncio.Task[Any]:
             """The request, admitted by the engine core (it holds its prompt's blocks), whose
-            steps are then held while the hold file exists (see initpipe_vllm.resize.hold)."""
+            steps are then held while the hold file exists (see initpipe_vllm.live.core.hold)."""
             hold.write_text(text)
             task = asyncio.create_task(_agenerate(engine, _prompt(seed), params, rid))
 
@@ -364,7 +364,7 @@ async def _async(
 
 
 def _probe_prompt(facts: dict[str, Any]) -> list[int]:
-    from initpipe_vllm.resize.probe import Probe, default_prompts
+    from initpipe_vllm.live.refit.probe import Probe, default_prompts
 
     (first,) = default_prompts(
         facts["vocab_size"], facts["block_size"], facts["max_model_len"], Probe().max_tokens
@@ -386,8 +386,8 @@ async def _async_refit(
     from vllm import SamplingParams
 
     import initpipe_vllm as ip
-    from initpipe_vllm.resize.hold import UNTIL_PAUSE
-    from initpipe_vllm.resize.probe import Probe
+    from initpipe_vllm.live.core.hold import UNTIL_PAUSE
+    from initpipe_vllm.live.refit.probe import Probe
 
     rec: dict[str, Any] = {}
     short = SamplingParams(
@@ -513,7 +513,7 @@ async def _async_refit(
 def main(out: str, weights_dir: str) -> None:
     import asyncio
 
-    from initpipe_vllm.resize.hold import ENV_HOLD
+    from initpipe_vllm.live.core.hold import ENV_HOLD
     from initpipe_vllm.testing.equivalence import loadable_model
 
     hold = Path(out).with_name("hold-steps")  # the pipelined engine cores' steps held if it exists
@@ -625,7 +625,7 @@ def test_async_llm_waits_aborts_and_reports_the_new_size(asynced: Any, sync: Any
 def test_without_the_resize_plugin_in_the_engine_core_the_resize_says_so() -> None:
     # vLLM's own words when the engine core lacks the method (seen with VLLM_PLUGINS=initpipe:
     # EngineCoreProc._invoke_utility_method, then the client raises Exception(message))
-    from initpipe_vllm.resize.api import _plugin_missing
+    from initpipe_vllm.live.frontend import _plugin_missing
 
     vllm_says = Exception(
         "Call to initpipe_resize_kv_cache method failed: 'EngineCoreProc' object has no "

@@ -125,7 +125,7 @@ def main(out: str, weights_dir: str) -> None:
             del fresh
 
         llm = _engine(folder, extra, A, pipelined=True)
-        from initpipe_vllm.resize.weights import rank_digest
+        from initpipe_vllm.live.refit.weights import rank_digest
         from initpipe_vllm.testing.equivalence import run_workload
         from initpipe_vllm.testing.weights import seeded_model
 

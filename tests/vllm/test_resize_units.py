@@ -11,15 +11,22 @@ tables are filled by hand.
 
 from __future__ import annotations
 
+import json
 import pickle
 from typing import Any
 
 import pytest
 
 import initpipe_vllm as ip
-from initpipe_vllm import KVCacheReleasedError, ResizeError, ResizeRefusedError
-from initpipe_vllm.resize.engine import error_from_dict
-from initpipe_vllm.resize.report import KVCacheInfo, PrefixCacheCarry, RankReport, ResizeReport
+from initpipe_vllm import (
+    KVCacheReleasedError,
+    RefitError,
+    RefitRefusedError,
+    ResizeError,
+    ResizeRefusedError,
+)
+from initpipe_vllm.live.core.entry import error_dict, error_from_dict
+from initpipe_vllm.live.resize.report import KVCacheInfo, PrefixCacheCarry, RankReport, ResizeReport
 
 
 class _NotAnEngine:
@@ -114,17 +121,19 @@ def test_errors_keep_their_facts_across_processes() -> None:
         "boom",
         True,
     )
-    plain = {
-        "type": "ResizeRefusedError",
-        "message": "no",
-        "step": "memory",
-        "stage": None,
-        "rank": None,
-        "reason": "no room",
-        "rolled_back": False,
-    }
-    typed = error_from_dict(plain)
-    assert isinstance(typed, ResizeRefusedError) and typed.step == "memory"
+    # an engine core's answer carries each typed error as plain data, and back, whole
+    refit_failed = RefitError("failed", step="load", reason="boom", rank=1, serving=False)
+    for sent in (
+        err,
+        ResizeRefusedError("no", step="memory", reason="no room"),
+        refit_failed,
+        RefitRefusedError("refused", step="weights", reason="a shape differs"),
+    ):
+        plain = error_dict(sent)
+        assert json.loads(json.dumps(plain)) == plain  # plain data
+        got = error_from_dict(plain)
+        assert type(got) is type(sent) and str(got) == str(sent)
+        assert got.__reduce__()[1][2] == sent.__reduce__()[1][2]  # every field
     assert issubclass(KVCacheReleasedError, RuntimeError)
 
 
@@ -133,7 +142,7 @@ def test_the_released_error_is_also_vllms_graceful_http_error() -> None:
 
     from vllm.exceptions import GracefulHTTPError
 
-    from initpipe_vllm.resize.api import released_error
+    from initpipe_vllm.live.frontend import released_error
 
     err = released_error()
     assert isinstance(err, KVCacheReleasedError) and isinstance(err, GracefulHTTPError)
@@ -230,8 +239,8 @@ def test_the_mrv2_graph_release_drops_every_managers_graphs() -> None:
 def test_a_rank_that_cannot_report_its_requests_refuses_the_resize() -> None:
     """Only a rank that answered and holds nothing lets a resize go on: a failed status
     (an unknown runner state) refuses it as surely as held requests do."""
-    from initpipe_vllm.resize.records import RankFailure, RankRequests
-    from initpipe_vllm.resize.steps import check_runners_idle
+    from initpipe_vllm.live.core.records import RankFailure, RankRequests
+    from initpipe_vllm.live.core.steps import check_runners_idle
 
     idle = RankRequests(rank=0, requests=[])
     check_runners_idle([idle])
@@ -250,7 +259,7 @@ def test_both_pipelined_runners_are_driven_through_one_interface() -> None:
 
     from initpipe_vllm.hook.runner import PipelinedRunnerMixin, PipelineHost
     from initpipe_vllm.hook.runner_v2 import PipelinedRunnerV2Mixin, resolve_v2_class
-    from initpipe_vllm.resize.rank import _pipelined
+    from initpipe_vllm.live.core.rank import _pipelined
     from initpipe_vllm.runner import PipelinedCPUModelRunner
 
     v2 = resolve_v2_class("PipelinedCPUModelRunnerV2")
@@ -279,13 +288,13 @@ def test_both_pipelined_runners_are_driven_through_one_interface() -> None:
 
 
 def test_held_steps_admit_each_request_and_its_first_token_then_hold(tmp_path: Any) -> None:
-    """The rule of ``INITPIPE_HOLD_STEPS`` (``initpipe_vllm.resize.hold.held``) on a
+    """The rule of ``INITPIPE_HOLD_STEPS`` (``initpipe_vllm.live.core.hold.held``) on a
     scheduler's state: the real engines in test_serve/test_resize_multiprocess rely on it."""
     from types import SimpleNamespace
 
     from vllm.v1.core.sched.interface import PauseState
 
-    from initpipe_vllm.resize.hold import UNTIL_PAUSE, held, install_from_env
+    from initpipe_vllm.live.core.hold import UNTIL_PAUSE, held, install_from_env
 
     def core(waiting: int = 0, tokens: tuple[int, ...] = (), pause: Any = None) -> Any:
         running = [SimpleNamespace(num_output_tokens=n) for n in tokens]
@@ -312,7 +321,7 @@ def test_held_steps_admit_each_request_and_its_first_token_then_hold(tmp_path: A
 
 # -- the live-transaction driver and the rank records (no engine) -------------------------
 def _txn(log: list[str], fail: str | None = None, bad_undo: str | None = None) -> Any:
-    from initpipe_vllm.resize.txn import Step, Transaction
+    from initpipe_vllm.live.core.txn import Step, Transaction
 
     def act(name: str) -> Any:
         def do(ctx: list[str]) -> None:
@@ -343,7 +352,7 @@ def _txn(log: list[str], fail: str | None = None, bad_undo: str | None = None) -
 
 
 def test_the_driver_runs_pause_steps_commit_in_order() -> None:
-    from initpipe_vllm.resize.txn import drive
+    from initpipe_vllm.live.core.txn import drive
 
     log: list[str] = []
     drive(_txn(log), log)
@@ -353,7 +362,7 @@ def test_the_driver_runs_pause_steps_commit_in_order() -> None:
 def test_a_failed_step_is_undone_with_every_step_before_it_newest_first() -> None:
     """The failed step's own undo runs too (its do may have changed part of the engine);
     a step without an undo is left to an earlier one's; the pause is lifted last."""
-    from initpipe_vllm.resize.txn import TransactionFailed, drive
+    from initpipe_vllm.live.core.txn import TransactionFailed, drive
 
     log: list[str] = []
     with pytest.raises(TransactionFailed, match="demo failed at step 'c'") as info:
@@ -366,7 +375,7 @@ def test_a_failed_step_is_undone_with_every_step_before_it_newest_first() -> Non
 
 
 def test_every_undo_runs_when_one_fails_and_the_failure_is_reported() -> None:
-    from initpipe_vllm.resize.txn import TransactionFailed, drive
+    from initpipe_vllm.live.core.txn import TransactionFailed, drive
 
     log: list[str] = []
     with pytest.raises(TransactionFailed, match="rollback of 'c' failed: OSError") as info:
@@ -377,7 +386,7 @@ def test_every_undo_runs_when_one_fails_and_the_failure_is_reported() -> None:
 
 
 def test_a_failed_pause_propagates_as_it_is_with_nothing_undone() -> None:
-    from initpipe_vllm.resize.txn import drive
+    from initpipe_vllm.live.core.txn import drive
 
     log: list[str] = []
     with pytest.raises(RuntimeError, match="pause broke"):
@@ -386,7 +395,7 @@ def test_a_failed_pause_propagates_as_it_is_with_nothing_undone() -> None:
 
 
 def test_a_transaction_with_two_steps_of_one_name_is_refused() -> None:
-    from initpipe_vllm.resize.txn import Step, Transaction
+    from initpipe_vllm.live.core.txn import Step, Transaction
 
     step = Step(name="same", do=print)
     with pytest.raises(ValueError, match=r"distinct names; given twice: \['same'\]"):
@@ -396,7 +405,7 @@ def test_a_transaction_with_two_steps_of_one_name_is_refused() -> None:
 def test_resize_release_and_resume_are_step_lists_on_the_driver() -> None:
     """One undo brings the ranks back: the old cache's teardown's (resize, release), the KV
     phase's when there is no old cache (resume)."""
-    from initpipe_vllm.resize.steps import TRANSACTIONS
+    from initpipe_vllm.live.resize.steps import TRANSACTIONS
 
     lists = {
         name: [(s.name, s.undo is not None) for s in t.steps] for name, t in TRANSACTIONS.items()
@@ -418,7 +427,7 @@ def test_resize_release_and_resume_are_step_lists_on_the_driver() -> None:
 def test_a_resize_that_keeps_the_prefix_cache_sets_blocks_aside_and_writes_them_back() -> None:
     """The resize's steps with the carry before the teardown and the write-back after the
     warm-up (which may write into the new cache), before the scheduler's pool is rebuilt."""
-    from initpipe_vllm.resize.steps import RESIZE, WARM_RESIZE
+    from initpipe_vllm.live.resize.steps import RESIZE, WARM_RESIZE
 
     assert WARM_RESIZE.name == RESIZE.name == "resize"
     assert [(s.name, s.undo is not None) for s in WARM_RESIZE.steps] == [
@@ -433,7 +442,7 @@ def test_a_resize_that_keeps_the_prefix_cache_sets_blocks_aside_and_writes_them_
 
 
 def test_rank_records_cross_as_plain_data_and_a_failure_reads_back_as_one() -> None:
-    from initpipe_vllm.resize.records import RankFailure, RankRequests, RankTeardown
+    from initpipe_vllm.live.core.records import RankFailure, RankRequests, RankTeardown
 
     torn = RankTeardown(
         rank=1, bytes_freed=8, graphs_released=0, seconds=0.5, rss_before=None, rss_after=3
@@ -447,7 +456,7 @@ def test_rank_records_cross_as_plain_data_and_a_failure_reads_back_as_one() -> N
 
 
 def test_a_rank_answer_that_is_not_its_record_names_the_keys() -> None:
-    from initpipe_vllm.resize.records import RankRecordError, RankRequests
+    from initpipe_vllm.live.core.records import RankRecordError, RankRequests
 
     with pytest.raises(RankRecordError, match=r"not a RankRequests: missing \['requests'\], "):
         RankRequests.from_dict({"ok": True, "rank": 0, "reqs": []})
@@ -520,7 +529,7 @@ def test_the_rebuilt_scheduler_is_a_fresh_scheduler_of_the_new_size(
     for an EAGLE drafter, which no embedded model has: the config's property is set)."""
     from vllm.config import VllmConfig
 
-    from initpipe_vllm.resize.replay import plan, rebuild_scheduler_kv
+    from initpipe_vllm.live.core.replay import plan, rebuild_scheduler_kv
     from initpipe_vllm.testing import tiny_vllm_config
     from initpipe_vllm.testing.snapshot import diff_snapshots, scheduler_snapshot
 
@@ -562,7 +571,7 @@ def test_planning_goes_through_the_platforms_kv_cache_config_builder(
 
     from initpipe_vllm import compat
     from initpipe_vllm.contract.report import installed_release
-    from initpipe_vllm.resize.replay import plan
+    from initpipe_vllm.live.core.replay import plan
     from initpipe_vllm.testing import tiny_vllm_config
 
     release = installed_release("plan")

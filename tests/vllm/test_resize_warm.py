@@ -90,7 +90,7 @@ def _serve(llm: Any, prompts: list[list[int]]) -> list[dict[str, Any]]:
 
 def _pool(llm: Any, *, stock: bool = False) -> dict[str, Any]:
     """The block pool's prefix-cache state and the bytes of every cached block (by hash)."""
-    from initpipe_vllm.resize.kv_copy import block_views
+    from initpipe_vllm.live.carry.kv_copy import block_views
 
     pool = _core(llm).scheduler.kv_cache_manager.block_pool
     runner = _runner(llm)
@@ -139,7 +139,7 @@ def _stock(folder: Path, extra: dict[str, Any], blocks: int, rounds: list[list[l
 def _broken_unstash(how: str) -> Iterator[None]:
     """The carry broken on purpose: ``zeroed`` writes nothing back (the blocks keep their
     hashes over a zeroed cache), ``shifted`` writes every block one id off."""
-    from initpipe_vllm.resize import kv_copy
+    from initpipe_vllm.live.carry import kv_copy
 
     original = kv_copy.rank_unstash
 
@@ -166,7 +166,7 @@ def _engine(folder: Path, extra: dict[str, Any], history: list[list[int]]) -> di
     import initpipe_vllm as ip
     from initpipe.testing import clear_faults, inject_fault
     from initpipe_vllm.hook import PIPELINED_WORKER
-    from initpipe_vllm.resize import kv_copy
+    from initpipe_vllm.live.carry import kv_copy
     from initpipe_vllm.testing.equivalence import workload_engine_kwargs
 
     kwargs, _ = workload_engine_kwargs(
@@ -200,12 +200,12 @@ def _engine(folder: Path, extra: dict[str, Any], history: list[list[int]]) -> di
     rec["after_cold"] = _serve(llm, last)
     # fall back by name: memory, then another weights version
     refill(GROW)
-    original = kv_copy._available_memory
-    kv_copy._available_memory = lambda worker: 4096  # type: ignore[assignment]
+    original = kv_copy.available_memory
+    kv_copy.available_memory = lambda worker: 4096  # type: ignore[assignment]
     try:
         rec["no_memory"] = _report(ip.resize_kv_cache(llm, num_blocks=OTHER))
     finally:
-        kv_copy._available_memory = original  # type: ignore[assignment]
+        kv_copy.available_memory = original  # type: ignore[assignment]
     rec["after_no_memory"] = _serve(llm, last)
     refill(GROW)
     _core(llm).set_weight_version("set-by-hand")
@@ -382,7 +382,7 @@ def test_a_failed_resize_rolls_back_with_the_kept_blocks(result: Any) -> None:
 
 
 def test_the_resize_page_shows_this_shrinks_real_report(result: Any) -> None:
-    from initpipe_vllm.resize.report import PrefixCacheCarry
+    from initpipe_vllm.live.resize.report import PrefixCacheCarry
 
     line = str(PrefixCacheCarry(**result["engine"]["shrink"]["prefix_cache"]))
     docs = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "resize.md"

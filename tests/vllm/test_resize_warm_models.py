@@ -69,7 +69,7 @@ def _geometry(llm: Any) -> dict[str, Any]:
     """Random cache bytes; blocks 1, 2, 3 stashed and written back at other ids."""
     import torch
 
-    from initpipe_vllm.resize.kv_copy import block_views, rank_stash, rank_unstash
+    from initpipe_vllm.live.carry.kv_copy import block_views, rank_stash, rank_unstash
 
     wrapper = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker
     runner = wrapper.worker.model_runner

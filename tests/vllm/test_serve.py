@@ -72,7 +72,7 @@ def servers(
 ) -> Any:
     from initpipe.testing import ENV_FAULT
     from initpipe_vllm.hook import PIPELINED_WORKER
-    from initpipe_vllm.resize.hold import ENV_HOLD
+    from initpipe_vllm.live.core.hold import ENV_HOLD
     from initpipe_vllm.serve import OPEN_ENV
     from initpipe_vllm.testing.equivalence import loadable_model, workload_engine_kwargs
     from initpipe_vllm.testing.server import ServerSpec, running_servers
@@ -414,7 +414,7 @@ def test_two_concurrent_resizes_exactly_one_succeeds(servers: Any, main: Any) ->
     the requests, which complete on the old cache.
 
     Made true, not hoped for: ``main``'s engine core holds its steps while the hold file
-    exists (``INITPIPE_HOLD_STEPS``, :mod:`initpipe_vllm.resize.hold`), from before the
+    exists (``INITPIPE_HOLD_STEPS``, :mod:`initpipe_vllm.live.core.hold`), from before the
     requests start until the 409 came: every request is admitted (holds blocks), none can
     finish, whatever the machine's speed."""
     _at(main, C)

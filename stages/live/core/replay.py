@@ -5,31 +5,40 @@ What belongs here: the two places where a resize must do what vLLM does once at 
 offers no function for — ``EngineCore._initialize_kv_caches`` after the specs
 (:func:`plan`) and the KV-derived part of ``Scheduler.__init__`` (:func:`rebuild_scheduler_kv`),
 line for line against ``vllm/v1/engine/core.py`` and ``vllm/v1/core/sched/scheduler.py``.
-Nothing here decides when to resize (:mod:`.engine` does).
+Nothing here decides when to resize (the rooms' engine modules do).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
-from ..compat import CLEARED, plan_kv_cache_configs
-from ..contract.declare import vllm_uses
-from ..contract.variants import by_release
-from ..errors import ResizeRefusedError
+from ...compat import CLEARED, plan_kv_cache_configs
+from ...contract.declare import vllm_uses
+from ...contract.variants import by_release
+from ...errors import RefitRefusedError, ResizeRefusedError
 
-__all__ = ["Plan", "plan", "plan_or_explain", "rebuild_scheduler_kv", "refuse"]
+__all__ = ["Plan", "plan", "plan_or_explain", "rebuild_scheduler_kv", "refusal", "refuse"]
+
+
+E = TypeVar("E", ResizeRefusedError, RefitRefusedError)
+
+
+def refusal(error: type[E], what: str, step: str, reason: str, serves_on: str) -> E:
+    """A live change refused before anything changed: ``error`` naming the step and the
+    reason, and how the engine serves on (``serves_on``)."""
+    return error(
+        f"{what} refused ({step}): {reason.rstrip('. ')}. Nothing changed; the engine serves "
+        f"on {serves_on}.",
+        step=step,
+        reason=reason,
+    )
 
 
 def refuse(step: str, reason: str) -> ResizeRefusedError:
     """The refusal of a resize before anything changed, naming the step and the reason."""
-    return ResizeRefusedError(
-        f"KV cache resize refused ({step}): {reason.rstrip('. ')}. Nothing changed; the engine "
-        "serves on at its current size.",
-        step=step,
-        reason=reason,
-    )
+    return refusal(ResizeRefusedError, "KV cache resize", step, reason, "at its current size")
 
 
 # -- planning -----------------------------------------------------------------------------
@@ -333,7 +342,7 @@ def rebuild_scheduler_kv(core: Any, new: Plan) -> None:
         "vllm.v1.kv_cache_interface:MambaSpec",
     ),
     release="0.33.0",
-    replaces=("initpipe_vllm.resize.replay:rebuild_scheduler_kv",),
+    replaces=("initpipe_vllm.live.core.replay:rebuild_scheduler_kv",),
 )
 def _rebuild_scheduler_kv_0_33_0(core: Any, new: Plan) -> None:
     """vLLM 0.33.0's ``Scheduler.__init__``, its KV-derived part: as 0.32.0's, plus the

@@ -2,8 +2,8 @@
 before the old KV cache is freed and written into the new one at their new ids.
 
 What belongs here: the rank functions :func:`rank_stash`, :func:`rank_unstash` and
-:func:`rank_drop_stash` (sent through ``collective_rpc`` like :mod:`.rank`'s, answering in
-:mod:`.records`, never raising), and the one piece of geometry they share, read from vLLM's
+:func:`rank_drop_stash` (sent through ``collective_rpc`` like :mod:`..core.rank`'s, answering in
+:mod:`..core.records`, never raising), and the one piece of geometry they share, read from vLLM's
 ``KVCacheConfig``: every ``KVCacheTensor`` places layer ``l`` of block ``b`` at
 ``offset + l * layer_stride + b * block_stride`` bytes of the one backing allocation
 (``vllm.v1.worker.utils.allocate_kv_cache``, both runners), one page per layer. So a block's
@@ -24,9 +24,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ..contract.declare import vllm_uses
-from .rank import _available_memory, _failure, _worker
-from .records import RankStash, RankUnstash
+from ...contract.declare import vllm_uses
+from ..core.rank import available_memory, failure_of, worker_of
+from ..core.records import RankStash, RankUnstash
 
 __all__ = ["block_views", "rank_drop_stash", "rank_stash", "rank_unstash", "runs"]
 
@@ -122,14 +122,14 @@ def _scatter(view: Any, ids: list[int], data: Any) -> None:
 def rank_stash(wrapper: Any, old_ids: list[int], need: list[int]) -> dict[str, Any]:
     """Copy blocks ``old_ids`` of this rank's KV cache aside. ``need``: per rank, the new
     cache's bytes. Refused (``refused`` set, nothing kept) where memory does not hold it."""
-    worker, rank = _worker(wrapper)
+    worker, rank = worker_of(wrapper)
     start = time.perf_counter()
     try:
         runner = worker.model_runner
         views = list(block_views(runner))
         size = sum(v.shape[0] * v.shape[2] for _, v in views) * len(old_ids)
         old = int(runner.initpipe_run.outputs["runner_kv_cache_config"].kv_cache_tensors[0].size)
-        room = _available_memory(worker)
+        room = available_memory(worker)
         refused = None
         if room is not None and (size > room or size + need[rank] - old > room):
             refused = (
@@ -148,12 +148,12 @@ def rank_stash(wrapper: Any, old_ids: list[int], need: list[int]) -> dict[str, A
         ).to_dict()
     except Exception as err:
         _drop(worker)
-        return _failure(rank, err, "carry").to_dict()
+        return failure_of(rank, err, "carry").to_dict()
 
 
 def rank_unstash(wrapper: Any, new_ids: list[int]) -> dict[str, Any]:
     """Write the stash into this rank's new KV cache at blocks ``new_ids``; drop it."""
-    worker, rank = _worker(wrapper)
+    worker, rank = worker_of(wrapper)
     start = time.perf_counter()
     try:
         stash = getattr(worker, _STASH, None)
@@ -171,12 +171,12 @@ def rank_unstash(wrapper: Any, new_ids: list[int]) -> dict[str, Any]:
         return RankUnstash(rank=rank, bytes=written, seconds=time.perf_counter() - start).to_dict()
     except Exception as err:
         _drop(worker)
-        return _failure(rank, err, "carry").to_dict()
+        return failure_of(rank, err, "carry").to_dict()
 
 
 def rank_drop_stash(wrapper: Any) -> dict[str, Any]:
     """Forget this rank's stash (a rollback, or a stash refused on another rank)."""
-    worker, rank = _worker(wrapper)
+    worker, rank = worker_of(wrapper)
     _drop(worker)
     return RankUnstash(rank=rank, bytes=0, seconds=0.0).to_dict()
 

@@ -5,9 +5,10 @@ What belongs here: the frontend's part of a refit — checking the arguments, tu
 weights the caller gives into what the engine core can load (a folder path as it is;
 in-memory tensors passed as they are where the workers share this process, else written
 once to a temporary safetensors folder they load and removed afterwards), aborting
-requests in ``abort`` mode (in-process), calling the engine core (:mod:`.engine`), and
-turning its plain answer back into a :class:`~.receipt.RefitReceipt` or a typed error. While
-the last refit has failed, new requests are refused here (``RefitFailedError``).
+requests in ``abort`` mode (in-process), calling the engine core (:mod:`.engine`) through
+the one frontend (:mod:`initpipe_vllm.live.frontend`), which answers the
+:class:`~.receipt.RefitReceipt` or raises the typed error. While the last refit has failed,
+new requests are refused there (``RefitFailedError``).
 """
 
 from __future__ import annotations
@@ -18,34 +19,22 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import RefitRefusedError
-from .api import (
-    _client,
-    _engine,
-    _guard,
-    _inproc_core,
-    _plugin_missing,
-    _refresh_metrics_info,
-    apply_state,
+from ..frontend import (
+    call,
+    call_async,
+    check_mode,
+    check_size,
+    engine_of,
+    inproc_core,
     query,
     query_async,
 )
-from .engine import REFIT_METHOD, WEIGHTS_METHOD, install, refit_error_from_dict
+from .engine import REFIT_UTILITY, WEIGHTS_UTILITY
+from .engine import refused as _refused
 from .probe import Probe
 from .receipt import RefitReceipt, WeightsInfo
 
 __all__ = ["refit", "refit_async", "weights_info", "weights_info_async"]
-
-MODES = ("wait", "abort")
-
-
-def _refused(step: str, reason: str) -> RefitRefusedError:
-    return RefitRefusedError(
-        f"refit refused ({step}): {reason}. Nothing changed; the engine serves on with its "
-        "previous weights.",
-        step=step,
-        reason=reason,
-    )
 
 
 def _probe(probe: Any) -> Probe:
@@ -87,19 +76,6 @@ def _digest(expected: Any) -> list[str] | None:
     return list(values)
 
 
-def _size(num_blocks: Any, kv_cache_memory_bytes: Any) -> None:
-    if num_blocks is not None and kv_cache_memory_bytes is not None:
-        raise _refused("arguments", "pass at most one of num_blocks= and kv_cache_memory_bytes=")
-    for name, value in (
-        ("num_blocks", num_blocks),
-        ("kv_cache_memory_bytes", kv_cache_memory_bytes),
-    ):
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value <= 0
-        ):
-            raise _refused("arguments", f"{name}={value!r}: expected a positive int")
-
-
 def _weights(weights: Any) -> tuple[str | None, list[tuple[str, Any]] | None]:
     """A folder path, or the ``(name, tensor)`` pairs (a mapping's items, or any iterable
     of pairs: read once, here)."""
@@ -121,7 +97,6 @@ def _weights(weights: Any) -> tuple[str | None, list[tuple[str, Any]] | None]:
 
 def _spec(
     weights: Any,
-    *,
     num_blocks: Any,
     kv_cache_memory_bytes: Any,
     mode: Any,
@@ -129,13 +104,10 @@ def _spec(
     probe: Any,
     version: Any,
 ) -> tuple[dict[str, Any], list[tuple[str, Any]] | None]:
-    if mode not in MODES:
-        raise _refused(
-            "arguments", f"mode={mode!r}: expected 'wait' (let requests finish) or 'abort'"
-        )
+    check_mode(mode, _refused)
     if version is not None and (not isinstance(version, str) or not version):
         raise _refused("arguments", f"version={version!r}: expected a non-empty str")
-    _size(num_blocks, kv_cache_memory_bytes)
+    check_size(num_blocks, kv_cache_memory_bytes, required=False, refusal=_refused)
     path, tensors = _weights(weights)
     spec = {
         "path": path,
@@ -148,14 +120,6 @@ def _spec(
         "kind": "folder" if tensors is None else "tensors",
     }
     return spec, tensors
-
-
-def _finish(engine: Any, answer: dict[str, Any]) -> RefitReceipt:
-    apply_state(engine, answer)
-    _refresh_metrics_info(engine)
-    if not answer["ok"]:
-        raise refit_error_from_dict(answer["error"])
-    return RefitReceipt.from_dict(answer["receipt"])
 
 
 def _shares_process(core: Any) -> bool:
@@ -197,7 +161,7 @@ def refit(
         mode: ``"wait"`` or ``"abort"`` (requests in flight).
         expected_digest: the digest the loaded weights must have (``"sha256:..."``, or one
             per rank: a previous receipt's ``digests``); else the refit fails.
-        probe: a :class:`~initpipe_vllm.resize.probe.Probe` (prompts, expected outputs),
+        probe: a :class:`~initpipe_vllm.live.refit.probe.Probe` (prompts, expected outputs),
             a dict of its fields, True (default prompts) or False (no probe).
         version: the weights version the engine reports afterwards (vLLM's
             ``weight_version``; default ``refit-N``).
@@ -209,17 +173,10 @@ def refit(
         RefitError: a step failed (``.step``, ``.rank``); the engine failed closed: it
             refuses requests until a refit succeeds.
     """
-    spec, tensors = _spec(
-        weights,
-        num_blocks=num_blocks,
-        kv_cache_memory_bytes=kv_cache_memory_bytes,
-        mode=mode,
-        expected_digest=expected_digest,
-        probe=probe,
-        version=version,
-    )
-    engine = _engine_or_refuse(llm)
-    core = _inproc_core(engine)
+    options = (num_blocks, kv_cache_memory_bytes, mode, expected_digest, probe, version)
+    spec, tensors = _spec(weights, *options)
+    engine = engine_of(llm, _refused)
+    core = inproc_core(engine)
     folder = None
     try:
         if tensors is not None:
@@ -228,32 +185,10 @@ def refit(
             else:
                 folder = _to_folder(tensors)
                 spec["path"] = str(folder)
-        if core is None:
-            client = _client(engine, is_async=False)
-            _guard(engine)
-            try:
-                answer = client.call_utility(REFIT_METHOD, spec, mode, [])
-            except Exception as err:
-                raise (_plugin_missing(err) or err) from err
-            return _finish(engine, answer)
-        install()
-        _guard(engine)
-        aborted: list[str] = []
-        if mode == "abort":
-            aborted = sorted(engine.output_processor.request_states)
-            if aborted:
-                engine.abort_request(aborted, internal=True)
-        return _finish(engine, getattr(core, REFIT_METHOD)(spec, mode, aborted))
+        return call(engine, REFIT_UTILITY, spec, mode, record=RefitReceipt, abort=mode == "abort")
     finally:
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _engine_or_refuse(llm: Any) -> Any:
-    try:
-        return _engine(llm)
-    except Exception as err:
-        raise _refused("arguments", str(err)) from None
 
 
 def _to_folder(tensors: list[tuple[str, Any]]) -> Path:
@@ -281,36 +216,24 @@ async def refit_async(
     travel as a temporary safetensors folder). ``mode="wait"``: requests in flight finish,
     new ones queue and run on the new weights; ``"abort"``: their streams end with
     ``finish_reason="abort"``."""
-    spec, tensors = _spec(
-        weights,
-        num_blocks=num_blocks,
-        kv_cache_memory_bytes=kv_cache_memory_bytes,
-        mode=mode,
-        expected_digest=expected_digest,
-        probe=probe,
-        version=version,
-    )
-    engine = _engine_or_refuse(llm)
-    client = _client(engine, is_async=True)
-    _guard(engine)
+    options = (num_blocks, kv_cache_memory_bytes, mode, expected_digest, probe, version)
+    spec, tensors = _spec(weights, *options)
+    engine = engine_of(llm, _refused)
     folder = _to_folder(tensors) if tensors is not None else None
     if folder is not None:
         spec["path"] = str(folder)
     try:
-        answer = await client.call_utility_async(REFIT_METHOD, spec, mode, [])
-    except Exception as err:
-        raise (_plugin_missing(err) or err) from err
+        return await call_async(engine, REFIT_UTILITY, spec, mode, record=RefitReceipt)
     finally:
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
-    return _finish(engine, answer)
 
 
 def weights_info(llm: Any) -> WeightsInfo:
     """The engine's weights now: state, version, digests, refits and failures."""
-    return WeightsInfo.from_dict(query(_engine_or_refuse(llm), WEIGHTS_METHOD))
+    return WeightsInfo.from_dict(query(engine_of(llm, _refused), WEIGHTS_UTILITY))
 
 
 async def weights_info_async(llm: Any) -> WeightsInfo:
     """:func:`weights_info` for an ``AsyncLLM``."""
-    return WeightsInfo.from_dict(await query_async(_engine_or_refuse(llm), WEIGHTS_METHOD))
+    return WeightsInfo.from_dict(await query_async(engine_of(llm, _refused), WEIGHTS_UTILITY))

@@ -1,6 +1,6 @@
 """What a refit returns and what :func:`initpipe_vllm.weights_info` says: plain attrs records.
 
-Like :mod:`.report`'s, they travel from the engine core process as plain dicts
+Like the resize report's, they travel from the engine core process as plain dicts
 (``to_dict``/``from_dict``). Nothing here imports torch or vLLM.
 """
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import attrs
 
-from ..contract.declare import vllm_uses
+from ...contract.declare import vllm_uses
 
 __all__ = [
     "DTYPE_ATOL",

@@ -2,11 +2,13 @@
 
 What belongs here: the refit's checks (:func:`prepare`: the engine, the state, the new
 weights against the engine's checkpoint, the size and memory — all before anything
-changes), its steps (pause, teardown, load, digest, kv_phase, warmup, scheduler, caches,
-probe) on :mod:`.txn`'s driver — the pause, teardown, KV phase, warm-up and scheduler
-steps are :mod:`.steps`' own — its fail-closed undo, its commit, and :func:`refit`, which
-drives it and answers a :class:`~.receipt.RefitReceipt` or a typed error. The frontend's
-part is in :mod:`.refit_api`; the ``EngineCore`` method in :mod:`.engine`.
+changes), its steps (pause, teardown, load, verify, digest, kv_phase, warmup, scheduler,
+caches, probe) on the core's driver — the pause, KV phase, warm-up and scheduler steps
+are the core's (:mod:`initpipe_vllm.live.core.steps`) — its fail-closed undo, its commit,
+and :func:`refit`, which drives it and answers a :class:`~.receipt.RefitReceipt` or a
+typed error; and the room's two ``EngineCore`` methods (:data:`METHODS`) on the core's
+entry. The frontend's part is in :mod:`.api`; the weights' checks, load and digest on
+every rank in :mod:`.weights`.
 
 Fail closed: once a step has started, the previous weights may be gone (vLLM reloads in
 place), so no failure goes back to them. Every rank drops its KV cache, the prefix cache is
@@ -17,22 +19,30 @@ from the failed state as from a released one: no step needs what the failed one 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import attrs
 
-from ..contract.declare import vllm_uses
-from ..errors import RefitError, RefitRefusedError, ResizeError
-from . import probe as probes
-from . import rank as ranks
-from .receipt import RefitReceipt, RefitStep, WeightsInfo
-from .records import RankFailure, RankStatus, RankTeardown, answered
-from .replay import Plan, rebuild_scheduler_kv
-from .report import RankReport
-from .steps import (
+from ...contract.declare import vllm_uses
+from ...errors import RefitError, RefitRefusedError, ResizeError
+from ..core import rank as ranks
+from ..core.entry import Method, answer, in_own_process, live_call, rank_statuses, rpc
+from ..core.records import RankFailure, RankStatus, RankTeardown
+from ..core.replay import (
+    Plan,
+    memory_shortfall,
+    plan,
+    plan_or_explain,
+    rebuild_scheduler_kv,
+    refusal,
+)
+from ..core.report import RankReport
+from ..core.state import engine_state, released_figures, weights_version
+from ..core.steps import (
     KV_PHASE,
     PAUSE,
     SCHEDULER,
@@ -40,14 +50,16 @@ from .steps import (
     Clock,
     Live,
     RankStepFailed,
-    engine_state,
-    released_figures,
+    flush_finished,
 )
-from .txn import Step, Transaction, TransactionFailed, drive
+from ..core.txn import Step, Transaction, TransactionFailed, drive
+from . import probe as probes
+from .receipt import RefitReceipt, RefitStep, WeightsInfo
 from .weights import (
     RankCaches,
     RankDigest,
     RankLoad,
+    RankPrecheck,
     RankVerify,
     Schema,
     Source,
@@ -57,6 +69,7 @@ from .weights import (
     rank_caches,
     rank_digest,
     rank_load,
+    rank_precheck,
     rank_verify,
     same_tensor,
     tensors_schema,
@@ -64,13 +77,16 @@ from .weights import (
 )
 
 __all__ = [
+    "METHODS",
     "REFIT",
+    "REFIT_METHOD",
     "REFIT_RELEASED",
+    "REFIT_UTILITY",
+    "WEIGHTS_METHOD",
+    "WEIGHTS_UTILITY",
     "Prepared",
     "Refit",
     "WeightsState",
-    "failed_message",
-    "failure_text",
     "info",
     "prepare",
     "refit",
@@ -80,18 +96,22 @@ __all__ = [
 
 logger = logging.getLogger("vllm.initpipe")
 
+#: The utility methods this room adds to ``EngineCore`` (called by name).
+REFIT_METHOD = "initpipe_refit"
+WEIGHTS_METHOD = "initpipe_weights_info"
+
 
 # -- state --------------------------------------------------------------------------------
 @attrs.define
 class WeightsState:
-    """What refits keep on the engine core (beside the KV cache's :class:`EngineState`)."""
+    """What refits keep on the engine core (beside the core's ``EngineState``, which holds
+    the failure while the engine is ``failed``)."""
 
     refits: int = 0
     failures: int = 0
     digests: tuple[str, ...] = ()
     last_refit_s: float | None = None
     last_receipt: RefitReceipt | None = None
-    failure: dict[str, Any] | None = None
     #: the checkpoint the engine's weights follow: names, shapes, dtypes, and where it is
     schema: Schema | None = None
     schema_from: str | None = None
@@ -106,23 +126,18 @@ def weights_state(core: Any) -> WeightsState:
     return ws
 
 
-@vllm_uses("refit", calls=("vllm.v1.engine.core:EngineCore.get_weight_version",))
-def _version(core: Any) -> str:
-    return str(core.get_weight_version())
-
-
 def info(core: Any) -> WeightsInfo:
     """The engine's weights now."""
     st, ws = engine_state(core), weights_state(core)
     state = "busy" if st.busy else st.state
     return WeightsInfo(
         state=state,  # type: ignore[arg-type]
-        version=_version(core),
+        version=weights_version(core),
         digests=ws.digests,
         refits=ws.refits,
         failures=ws.failures,
         last_refit_s=ws.last_refit_s,
-        failure=ws.failure,
+        failure=st.failure,
         last_receipt=ws.last_receipt,
     )
 
@@ -180,31 +195,21 @@ def _ms(start: float) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def _on_ranks(
-    live: Refit, step: str, func: Callable[..., Any], record: type[Any], *args: Any
-) -> list[Any]:
-    answers = live.rpc(func, record, *args)
-    bad = next((a for a in answers if isinstance(a, RankFailure)), None)
-    if bad is not None:
-        raise RankStepFailed(step, bad)
-    return answered(answers)
-
-
 # -- the steps ------------------------------------------------------------------------------
 def _teardown(live: Refit) -> None:
-    answers = _on_ranks(live, "teardown", ranks.rank_teardown, RankTeardown)
+    answers = live.on_ranks("teardown", ranks.rank_teardown, RankTeardown)
     live.moved["teardown"] = sum(a.bytes_freed for a in answers)
 
 
 def _load(live: Refit) -> None:
-    _on_ranks(live, "load", rank_load, RankLoad, live.source)
+    live.on_ranks("load", rank_load, RankLoad, live.source)
     live.moved["load"] = live.weights_bytes
 
 
 def _verify(live: Refit) -> None:
     """Every rank's load against the fresh load its engine started with (coverage, ties,
     the modules whose processing initpipe re-ran): a difference fails the refit closed."""
-    answers: list[RankVerify] = _on_ranks(live, "verify", rank_verify, RankVerify)
+    answers: list[RankVerify] = live.on_ranks("verify", rank_verify, RankVerify)
     live.moved["verify"] = sum(a.bytes_compared for a in answers)
     first = min(answers, key=lambda a: a.rank)
     repaired: dict[str, str] = {}
@@ -232,7 +237,7 @@ def _verify(live: Refit) -> None:
 
 
 def _digest(live: Refit) -> None:
-    answers: list[RankDigest] = _on_ranks(live, "digest", rank_digest, RankDigest)
+    answers: list[RankDigest] = live.on_ranks("digest", rank_digest, RankDigest)
     live.digests = tuple(a.digest for a in sorted(answers, key=lambda a: a.rank))
     live.moved["digest"] = sum(a.bytes_hashed for a in answers)
     want = live.expected_digest
@@ -279,7 +284,7 @@ def _caches(live: Refit) -> None:
     left = len(getattr(encoder, "cached", {}) or {})
     if left:
         raise RuntimeError(f"the scheduler's encoder cache still holds {left} entries")
-    answers: list[RankCaches] = _on_ranks(live, "caches", rank_caches, RankCaches)
+    answers: list[RankCaches] = live.on_ranks("caches", rank_caches, RankCaches)
     worker_left = {a.rank: a.encoder_entries for a in answers if a.encoder_entries}
     if worker_left:
         raise RuntimeError(f"encoder cache entries left on ranks {worker_left}")
@@ -331,10 +336,8 @@ def _drop_probe_blocks(live: Refit) -> None:
     """The probe's blocks leave the engine: the scheduler's KV cache manager is built again
     for the new cache (the block pool, its free queue and prefix cache as a fresh engine's),
     then checked empty. The probe's KV data stays in free blocks, as any served request's."""
-    from .steps import _flush_finished
-
     assert live.new is not None
-    _flush_finished(live.core)
+    flush_finished(live.core)
     rebuild_scheduler_kv(live.core, live.new)
     if _hashes(live.core):
         raise RuntimeError("the prefix cache could not be emptied after the probe")
@@ -398,22 +401,22 @@ _LATER: tuple[Step[Refit], ...] = (
     Step(name="verify", do=_verify),
     Step(name="digest", do=_digest),
     Step(name="kv_phase", do=_kv_phase),
-    WARMUP,  # type: ignore[assignment]
-    SCHEDULER,  # type: ignore[assignment]
+    WARMUP,
+    SCHEDULER,
     Step(name="caches", do=_caches),
     Step(name="probe", do=_probe),
 )
 #: A refit of a serving engine: its KV cache goes first, any failure fails closed.
 REFIT: Transaction[Refit] = Transaction(
     name="refit",
-    pause=PAUSE,  # type: ignore[arg-type]
+    pause=PAUSE,
     steps=tuple(_recorded(s) for s in (_TEARDOWN, _LOAD, *_LATER)),
     commit=_commit,
 )
 #: A refit of an engine with no KV cache (released, or failed by an earlier refit).
 REFIT_RELEASED: Transaction[Refit] = Transaction(
     name="refit",
-    pause=PAUSE,  # type: ignore[arg-type]
+    pause=PAUSE,
     steps=tuple(_recorded(s) for s in (attrs.evolve(_LOAD, undo=_fail_closed), *_LATER)),
     commit=_commit,
 )
@@ -421,12 +424,8 @@ REFIT_RELEASED: Transaction[Refit] = Transaction(
 
 # -- checks ---------------------------------------------------------------------------------
 def refused(step: str, reason: str) -> RefitRefusedError:
-    return RefitRefusedError(
-        f"refit refused ({step}): {reason.rstrip('. ')}. Nothing changed; the engine serves "
-        "on with its previous weights.",
-        step=step,
-        reason=reason,
-    )
+    """The refusal of a refit before anything changed, naming the step and the reason."""
+    return refusal(RefitRefusedError, "refit", step, reason, "with its previous weights")
 
 
 def _reference(core: Any, ws: WeightsState) -> tuple[Schema | None, str | None]:
@@ -471,10 +470,9 @@ def prepare(
     *,
     num_blocks: int | None,
     kv_cache_memory_bytes: int | None,
-    check_engine: Callable[[Any, str], Any],
 ) -> Prepared:
-    """Every check, with no side effect. ``check_engine(core, capability)`` is the
-    engine check resizes run (:func:`.engine.prepare`'s), answering the rank statuses.
+    """Every check, with no side effect (the engine and rank checks are a resize's, then
+    the refit's own on every rank: :func:`_check_engine`).
 
     Raises:
         RefitRefusedError: nothing changed.
@@ -482,7 +480,7 @@ def prepare(
     start = time.perf_counter()
     st, ws = engine_state(core), weights_state(core)
     try:
-        statuses = check_engine(core, "refit")
+        statuses = _check_engine(core)
     except ResizeError as err:
         raise refused(err.step, err.reason) from None
     if core.scheduler.connector is not None:
@@ -528,8 +526,6 @@ def prepare(
     before = int(core.scheduler.kv_cache_config.num_blocks) if st.state == "serving" else 0
     if num_blocks is None and kv_cache_memory_bytes is None:
         num_blocks = before or st.resume_blocks
-    from .replay import memory_shortfall, plan, plan_or_explain
-
     try:
         old = plan(core, num_blocks=before) if before else None
         new = plan_or_explain(
@@ -603,7 +599,7 @@ def refit(
     st, ws = engine_state(core), weights_state(core)
     p = prepared
     source = p.source or source
-    previous = _version(core)
+    previous = weights_version(core)
     if prior_pause is None:
         prior_pause = core.scheduler.pause_state
     live = Refit(
@@ -634,7 +630,7 @@ def refit(
     except TransactionFailed as failed:
         step, rank, error = _failure(failed)
         ws.failures += 1
-        ws.failure = {"step": step, "rank": rank, "error": error}
+        st.failure = {"step": step, "rank": rank, "error": error}
         on_rank = "" if rank is None else f" on rank {rank}"
         after = (
             "the engine failed closed: it refuses requests until a refit succeeds "
@@ -688,24 +684,87 @@ def refit(
     ws.digests = live.digests
     ws.last_refit_s = total
     ws.last_receipt = receipt
-    ws.failure = None
+    st.failure = None
     ws.schema, ws.schema_from = p.schema, p.schema_from
     logger.info("initpipe: %s", receipt)
     return receipt
 
 
-def failed_message(core: Any) -> str | None:
-    """What a request is told while the last refit has failed (None: it has not)."""
-    if engine_state(core).state != "failed":
-        return None
-    return failure_text(weights_state(core).failure)
+# -- the EngineCore methods -----------------------------------------------------------------
+def _as_refit_error(err: RefitError | ResizeError) -> RefitError:
+    """A refit's error; a resize refusal from a shared step as the refit's refusal."""
+    return refused(err.step, err.reason) if isinstance(err, ResizeError) else err
 
 
-def failure_text(failure: dict[str, Any] | None) -> str:
-    f = failure or {}
-    on_rank = "" if f.get("rank") is None else f" on rank {f['rank']}"
-    return (
-        f"the engine's last weight refit failed at step {f.get('step')!r}{on_rank} "
-        f"({f.get('error')}): it serves nothing until a refit succeeds "
-        "(initpipe_vllm.refit, or POST /initpipe/weights/refit)"
+def _check_engine(core: Any) -> list[RankStatus]:
+    """A resize's engine and rank checks (and the refit's contract), then every rank's
+    own: a model whose reload vLLM gets wrong beyond repair is refused here; the ties
+    found are kept for the weights' check."""
+    statuses = rank_statuses(core, ("resize", "refit"))
+    ties: set[tuple[str, ...]] = set()
+    for a in rpc(core, rank_precheck, RankPrecheck):
+        if isinstance(a, RankFailure):
+            raise refused("engine", f"rank {a.rank}: {a.error}")
+        if a.problems:
+            raise refused("engine", f"rank {a.rank}: " + "; ".join(a.problems))
+        ties.update(tuple(g) for g in a.ties)
+    weights_state(core).ties = tuple(sorted(ties))
+    return statuses
+
+
+def _refit_method(
+    self: Any, spec: dict[str, Any], mode: str = "wait", aborted: list[str] | None = None
+) -> dict[str, Any] | Future[dict[str, Any]]:
+    """The refit utility method. ``spec``: ``path`` or ``tensors`` (in-process only),
+    ``num_blocks``, ``kv_cache_memory_bytes``, ``expected_digest``, ``probe`` (a dict),
+    ``version``, ``transport``."""
+    source = Source(path=spec.get("path"), tensors=spec.get("tensors"))
+    serving = engine_state(self).state == "serving"
+    in_own = in_own_process(self)
+    digest = spec.get("expected_digest")
+
+    def run(p: Any, prior: Any, gone: tuple[str, ...], pause_s: float) -> Any:
+        return refit(
+            self,
+            source,
+            rpc=functools.partial(rpc, self),
+            prepared=p,
+            expected_digest=None if digest is None else tuple(digest),
+            probe=probes.Probe.from_dict(spec.get("probe") or {}),
+            version=spec.get("version"),
+            transport=spec.get("transport", "folder"),
+            kind=spec.get("kind"),
+            mode=mode,
+            aborted=gone if in_own else tuple(aborted or ()),
+            prior_pause=prior,
+            pause_s=pause_s,
+        )
+
+    return live_call(
+        self,
+        "refit",
+        mode=mode,
+        pause_first=serving,
+        prepare=functools.partial(
+            prepare,
+            self,
+            source,
+            num_blocks=spec.get("num_blocks"),
+            kv_cache_memory_bytes=spec.get("kv_cache_memory_bytes"),
+        ),
+        run=run,
+        answer=functools.partial(
+            answer, self, errors=(RefitError, ResizeError), convert=_as_refit_error
+        ),
+        refusal=refused,
     )
+
+
+def _weights_method(self: Any) -> dict[str, Any]:
+    return info(self).to_dict()
+
+
+#: The room's ``EngineCore`` methods (the frontend calls them; the plugin installs them).
+REFIT_UTILITY = Method(REFIT_METHOD, _refit_method)
+WEIGHTS_UTILITY = Method(WEIGHTS_METHOD, _weights_method)
+METHODS = (REFIT_UTILITY, WEIGHTS_UTILITY)

@@ -6,7 +6,7 @@ record of :mod:`.records` as plain data (``to_dict()``; a :class:`~.records.Rank
 when it failed) and NEVER raises: ``collective_rpc`` stops reading replies at the first
 failing rank and leaves the other ranks' replies queued for the next call, so a raise on
 one rank would desynchronize the next resize. The engine core reads the statuses and decides
-the rollback (:mod:`.engine`); a rank that could not answer refuses the resize.
+the rollback (the room's engine module); a rank that could not answer refuses the resize.
 
 Both runners (v1 and Model Runner V2) are driven through one interface, the KV lifecycle
 of :class:`~initpipe_vllm.hook.runner.PipelineHost`: ``initpipe_requests()``,
@@ -39,7 +39,7 @@ from typing import Any
 
 import attrs
 
-from ..contract.declare import vllm_uses
+from ...contract.declare import vllm_uses
 from .records import (
     RankAllocation,
     RankFailure,
@@ -50,17 +50,21 @@ from .records import (
 )
 
 __all__ = [
+    "available_memory",
+    "failure_of",
     "freeze_startup_heap",
     "rank_initialize",
     "rank_requests",
     "rank_status",
     "rank_teardown",
     "rank_warm_up",
+    "rss",
     "trim_memory",
+    "worker_of",
 ]
 
 
-def _worker(wrapper: Any) -> tuple[Any, int]:
+def worker_of(wrapper: Any) -> tuple[Any, int]:
     worker = getattr(wrapper, "worker", None) or wrapper
     rank: Any = getattr(wrapper, "global_rank", None)
     if rank is None:
@@ -68,7 +72,7 @@ def _worker(wrapper: Any) -> tuple[Any, int]:
     return worker, int(rank)
 
 
-def _rss() -> int | None:
+def rss() -> int | None:
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -110,7 +114,7 @@ def _kv_bytes(runner: Any) -> int:
     return sum(int(t.size) for t in kvc.kv_cache_tensors)
 
 
-def _failure(rank: int, err: BaseException, step: str) -> RankFailure:
+def failure_of(rank: int, err: BaseException, step: str) -> RankFailure:
     from initpipe import StageError
 
     return RankFailure(
@@ -141,7 +145,7 @@ def _numa_node() -> int:
         "vllm.utils.cpu_resource_utils:get_memory_node_info",
     ),
 )
-def _available_memory(worker: Any) -> int | None:
+def available_memory(worker: Any) -> int | None:
     """Memory a new KV cache could take on this rank, read as vLLM's worker reads it."""
     from vllm.platforms import current_platform
 
@@ -156,7 +160,7 @@ def _available_memory(worker: Any) -> int | None:
 
 
 def _pipelined(runner: Any) -> bool:
-    from ..hook.runner import PipelineHost
+    from ...hook.runner import PipelineHost
 
     return isinstance(runner, PipelineHost)
 
@@ -164,7 +168,7 @@ def _pipelined(runner: Any) -> bool:
 def rank_status(wrapper: Any, own_process: bool = False) -> dict[str, Any]:
     """Whether this rank can resize now, and what it holds. ``own_process``: the worker
     runs apart from the engine core (whose heap vLLM froze already): freeze its heap once."""
-    worker, rank = _worker(wrapper)
+    worker, rank = worker_of(wrapper)
     try:
         froze = freeze_startup_heap() if own_process else False
         runner = worker.model_runner
@@ -179,29 +183,29 @@ def rank_status(wrapper: Any, own_process: bool = False) -> dict[str, Any]:
             kv_bytes=_kv_bytes(runner),
             kv_in_place=runner.initpipe_kv_in_place() if pipelined else None,
             num_blocks=runner.cache_config.num_gpu_blocks,
-            available_memory=_available_memory(worker),
-            rss=_rss(),
+            available_memory=available_memory(worker),
+            rss=rss(),
             froze_heap=froze,
         ).to_dict()
     except Exception as err:
-        return _failure(rank, err, "status").to_dict()
+        return failure_of(rank, err, "status").to_dict()
 
 
 def rank_requests(wrapper: Any) -> dict[str, Any]:
     """The requests this rank's runner still holds (cheap: asked again after the pause)."""
-    worker, rank = _worker(wrapper)
+    worker, rank = worker_of(wrapper)
     try:
         return RankRequests(rank=rank, requests=worker.model_runner.initpipe_requests()).to_dict()
     except Exception as err:
-        return _failure(rank, err, "status").to_dict()
+        return failure_of(rank, err, "status").to_dict()
 
 
 def rank_teardown(wrapper: Any) -> dict[str, Any]:
     """Release this rank's KV cache: graphs, then the catalog's KV teardowns."""
-    worker, rank = _worker(wrapper)
+    worker, rank = worker_of(wrapper)
     try:
         runner = worker.model_runner
-        rss_before = _rss()
+        rss_before = rss()
         start = time.perf_counter()
         freed = _kv_bytes(runner)
         graphs = runner.initpipe_release_cuda_graphs()
@@ -213,10 +217,10 @@ def rank_teardown(wrapper: Any) -> dict[str, Any]:
             graphs_released=graphs,
             seconds=time.perf_counter() - start,
             rss_before=rss_before,
-            rss_after=_rss(),
+            rss_after=rss(),
         ).to_dict()
     except Exception as err:
-        return _failure(rank, err, "teardown").to_dict()
+        return failure_of(rank, err, "teardown").to_dict()
 
 
 @vllm_uses(
@@ -241,7 +245,7 @@ def rank_initialize(wrapper: Any, kv_cache_configs: list[Any]) -> dict[str, Any]
     On failure the run has rolled the phase back; whatever vLLM's code around it left (a
     zeroer built after the phase) is torn down too, so the rank holds no KV cache.
     """
-    worker, rank = _worker(wrapper)
+    worker, rank = worker_of(wrapper)
     start = time.perf_counter()
     try:
         runner = worker.model_runner
@@ -254,7 +258,7 @@ def rank_initialize(wrapper: Any, kv_cache_configs: list[Any]) -> dict[str, Any]
             rank=rank, bytes_allocated=_kv_bytes(runner), seconds=time.perf_counter() - start
         ).to_dict()
     except Exception as err:
-        failure = _failure(rank, err, "kv_phase")
+        failure = failure_of(rank, err, "kv_phase")
         with contextlib.suppress(Exception):
             if worker.model_runner.initpipe_kv_in_place():
                 worker.model_runner.initpipe_release_kv_cache()
@@ -302,14 +306,12 @@ def _workspace_unlocked() -> Iterator[None]:
 )
 def rank_warm_up(wrapper: Any) -> dict[str, Any]:
     """vLLM's warm-up after a new KV cache (on GPU: re-capture the CUDA graphs)."""
-    worker, rank = _worker(wrapper)
+    worker, rank = worker_of(wrapper)
     start = time.perf_counter()
     try:
         with _vllm_config(worker), _workspace_unlocked():
             worker.compile_or_warm_up_model()
         trim_memory()
-        return RankWarmUp(
-            rank=rank, seconds=time.perf_counter() - start, rss_after=_rss()
-        ).to_dict()
+        return RankWarmUp(rank=rank, seconds=time.perf_counter() - start, rss_after=rss()).to_dict()
     except Exception as err:
-        return _failure(rank, err, "warmup").to_dict()
+        return failure_of(rank, err, "warmup").to_dict()

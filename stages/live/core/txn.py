@@ -27,7 +27,8 @@ import attrs
 
 __all__ = ["Step", "Transaction", "TransactionFailed", "drive"]
 
-C = TypeVar("C")
+#: the context a step works on (contravariant: a step on a shared context serves a room's)
+C = TypeVar("C", contravariant=True)
 
 
 @attrs.frozen(kw_only=True)

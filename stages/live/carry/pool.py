@@ -34,7 +34,7 @@ from typing import Any
 
 import attrs
 
-from ..contract.declare import vllm_uses
+from ...contract.declare import vllm_uses
 
 __all__ = ["CarryPlan", "PoolState", "apply_carry", "plan_carry", "read_pool"]
 

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..contract.declare import vllm_uses
+from ...contract.declare import vllm_uses
 
 __all__ = ["ENV_HOLD", "UNTIL_PAUSE", "held", "install", "install_from_env"]
 

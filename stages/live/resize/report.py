@@ -11,75 +11,21 @@ from typing import Any, Literal
 
 import attrs
 
-__all__ = ["Action", "KVCacheInfo", "PrefixCacheCarry", "RankReport", "ResizeReport", "State"]
+from ..carry.report import PrefixCacheCarry
+from ..core.report import STEPS, RankReport
+
+__all__ = [
+    "STEPS",
+    "Action",
+    "KVCacheInfo",
+    "PrefixCacheCarry",
+    "RankReport",
+    "ResizeReport",
+    "State",
+]
 
 Action = Literal["resize", "release", "resume"]
 State = Literal["serving", "released", "resizing", "failed"]
-
-#: The steps a report times, in the order they run.
-STEPS = ("plan", "pause", "carry", "teardown", "kv_phase", "warmup", "scheduler", "resume")
-
-
-@attrs.frozen(kw_only=True)
-class RankReport:
-    """One worker rank's part of a resize.
-
-    Attributes:
-        rank: the worker's global rank.
-        bytes_freed: KV bytes the teardown released on this rank.
-        bytes_allocated: KV bytes the new KV phase allocated on this rank.
-        teardown_s / kv_phase_s / warmup_s: seconds of each part on this rank.
-        rss_before / rss_torn_down / rss_after: resident set size of the worker process
-            (bytes) before the teardown, right after it (old cache freed, new one not yet
-            allocated) and after the last step, read after ``malloc_trim``; None off Linux.
-        stash_bytes: the kept prefix-cache blocks this rank set aside while its cache was
-            rebuilt (``keep_prefix_cache``): the peak KV memory of the resize is the larger
-            of the two caches plus these bytes.
-    """
-
-    rank: int
-    bytes_freed: int = 0
-    bytes_allocated: int = 0
-    teardown_s: float = 0.0
-    kv_phase_s: float = 0.0
-    warmup_s: float = 0.0
-    rss_before: int | None = None
-    rss_torn_down: int | None = None
-    rss_after: int | None = None
-    stash_bytes: int = 0
-
-
-@attrs.frozen(kw_only=True)
-class PrefixCacheCarry:
-    """What a resize did with the prefix cache.
-
-    Attributes:
-        kept: True when the cached blocks were carried into the new cache (their contents
-            and vLLM's block pool state); False when the prefix cache was emptied.
-        cached_before: cached blocks in the pool when the resize began (after the pause).
-        blocks_kept: cached blocks the new cache holds.
-        blocks_evicted: cached blocks that did not fit (a shrink), evicted as vLLM evicts:
-            least recently used first.
-        bytes_copied: KV bytes copied per rank (the largest rank's).
-        reason: why the cache was emptied (None when kept): not asked
-            (``keep_prefix_cache=False``), or why it could not be kept.
-    """
-
-    kept: bool
-    cached_before: int = 0
-    blocks_kept: int = 0
-    blocks_evicted: int = 0
-    bytes_copied: int = 0
-    reason: str | None = None
-
-    def __str__(self) -> str:
-        if not self.kept:
-            return f"prefix cache emptied: {self.reason}"
-        return (
-            f"prefix cache kept: {self.blocks_kept} of {self.cached_before} cached blocks "
-            f"({self.blocks_evicted} evicted, {self.bytes_copied / (1 << 20):.2f} MiB copied "
-            "per rank)"
-        )
 
 
 @attrs.frozen(kw_only=True)

@@ -34,8 +34,8 @@ from typing import Any
 
 import attrs
 
-from ..contract.declare import vllm_uses
-from ..hook.fresh_load import (
+from ...contract.declare import vllm_uses
+from ...hook.fresh_load import (
     FreshLoad,
     WriteLog,
     fresh_load,

@@ -9,7 +9,7 @@ functions a refit sends through ``collective_rpc``: :func:`rank_load` (vLLM's ow
 ``Worker.reload_weights``: in place, layerwise, with the post-load processing — initpipe
 writes no loader), :func:`rank_digest` (a digest of every parameter and buffer after that
 processing) and :func:`rank_caches` (the weight-derived caches a rank holds, counted).
-Like every rank function they answer a record and never raise (:mod:`.rank`).
+Like every rank function they answer a record and never raise (:mod:`..core.rank`).
 
 Importing this module imports neither torch nor vLLM.
 """
@@ -27,9 +27,9 @@ from typing import Any
 
 import attrs
 
-from ..contract.declare import vllm_uses
-from .rank import _failure, _rss, _worker, trim_memory
-from .records import RankRecord
+from ...contract.declare import vllm_uses
+from ..core.rank import failure_of, rss, trim_memory, worker_of
+from ..core.records import RankRecord
 
 __all__ = [
     "RankCaches",
@@ -298,10 +298,10 @@ def rank_load(wrapper: Any, source: Source) -> dict[str, Any]:
     """Load ``source`` into this rank's model through vLLM's ``Worker.reload_weights``
     (each rank reads its own shard through vLLM's loader; the runner then resets its LoRA,
     encoder and multimodal caches, as vLLM's reload does)."""
-    worker, rank = _worker(wrapper)
+    worker, rank = worker_of(wrapper)
     start = time.perf_counter()
     try:
-        from ..hook.packed import recording_packed_weights
+        from ...hook.packed import recording_packed_weights
         from .coverage import fresh_load, repair, tracking_reload
 
         model = _model(worker)
@@ -320,11 +320,11 @@ def rank_load(wrapper: Any, source: Source) -> dict[str, Any]:
             rank=rank,
             seconds=time.perf_counter() - start,
             bytes_loaded=_param_bytes(model),
-            rss_after=_rss(),
+            rss_after=rss(),
             repaired=dict(log.repaired),
         ).to_dict()
     except Exception as err:
-        failure = _failure(rank, err, "load")
+        failure = failure_of(rank, err, "load")
         return attrs.evolve(failure, seconds=time.perf_counter() - start).to_dict()
 
 
@@ -360,7 +360,7 @@ def rank_precheck(wrapper: Any) -> dict[str, Any]:
     reload would leave unprocessed is one initpipe can repair (:func:`.coverage.unrepairable`)."""
     from .coverage import fresh_load, unrepairable
 
-    worker, rank = _worker(wrapper)
+    worker, rank = worker_of(wrapper)
     try:
         model = _model(worker)
         record = fresh_load(model)
@@ -375,7 +375,7 @@ def rank_precheck(wrapper: Any) -> dict[str, Any]:
         ties = () if record is None else record.ties
         return RankPrecheck(rank=rank, problems=problems, ties=ties).to_dict()
     except Exception as err:
-        return _failure(rank, err, "precheck").to_dict()
+        return failure_of(rank, err, "precheck").to_dict()
 
 
 class LoadNotFresh(RuntimeError):
@@ -388,7 +388,7 @@ def rank_verify(wrapper: Any) -> dict[str, Any]:
     re-processed, the same ties. A failure names each culprit."""
     from .coverage import check, fresh_load
 
-    worker, rank = _worker(wrapper)
+    worker, rank = worker_of(wrapper)
     start = time.perf_counter()
     try:
         model = _model(worker)
@@ -420,7 +420,7 @@ def rank_verify(wrapper: Any) -> dict[str, Any]:
             seconds=time.perf_counter() - start,
         ).to_dict()
     except Exception as err:
-        return _failure(rank, err, "verify").to_dict()
+        return failure_of(rank, err, "verify").to_dict()
 
 
 def weights_digest(model: Any) -> tuple[str, int, int]:
@@ -435,7 +435,7 @@ def weights_digest(model: Any) -> tuple[str, int, int]:
     it first."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..hook.packed import packed_weight_hash, tensor_hash
+    from ...hook.packed import packed_weight_hash, tensor_hash
 
     named: dict[str, Any] = {}
     for module_name, module in model.named_modules():
@@ -472,7 +472,7 @@ def weights_digest(model: Any) -> tuple[str, int, int]:
 
 def rank_digest(wrapper: Any) -> dict[str, Any]:
     """This rank's :func:`weights_digest`."""
-    worker, rank = _worker(wrapper)
+    worker, rank = worker_of(wrapper)
     start = time.perf_counter()
     try:
         digest, count, hashed = weights_digest(_model(worker))
@@ -484,7 +484,7 @@ def rank_digest(wrapper: Any) -> dict[str, Any]:
             seconds=time.perf_counter() - start,
         ).to_dict()
     except Exception as err:
-        return _failure(rank, err, "digest").to_dict()
+        return failure_of(rank, err, "digest").to_dict()
 
 
 def _encoder_entries(runner: Any) -> int:
@@ -501,7 +501,7 @@ def _encoder_entries(runner: Any) -> int:
 def rank_caches(wrapper: Any) -> dict[str, Any]:
     """Empty this rank's encoder cache (vLLM's ``reset_encoder_cache``) and count what is
     left: a refit checks the count, it does not assume it."""
-    worker, rank = _worker(wrapper)
+    worker, rank = worker_of(wrapper)
     start = time.perf_counter()
     try:
         runner = worker.model_runner
@@ -510,4 +510,4 @@ def rank_caches(wrapper: Any) -> dict[str, Any]:
             rank=rank, encoder_entries=_encoder_entries(runner), seconds=time.perf_counter() - start
         ).to_dict()
     except Exception as err:
-        return _failure(rank, err, "caches").to_dict()
+        return failure_of(rank, err, "caches").to_dict()
