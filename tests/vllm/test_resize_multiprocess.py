@@ -631,12 +631,16 @@ def test_without_the_resize_plugin_in_the_engine_core_the_resize_says_so() -> No
         "Call to initpipe_resize_kv_cache method failed: 'EngineCoreProc' object has no "
         "attribute 'initpipe_resize_kv_cache'"
     )
-    err = _plugin_missing(vllm_says)
+    method = "initpipe_resize_kv_cache"
+    err = _plugin_missing(vllm_says, method)
     assert err is not None and type(err).__name__ == "ResizeRefusedError"
     assert "initpipe_resize" in str(err) and "VLLM_PLUGINS" in str(err)
-    assert _plugin_missing(Exception("Call to reset_prefix_cache method failed")) is None
+    assert method in str(err)
+    # another method missing is not this method missing
+    assert _plugin_missing(vllm_says, "initpipe_refit_weights") is None
+    assert _plugin_missing(Exception("Call to reset_prefix_cache method failed"), method) is None
     other = Exception("Call to initpipe_resize_kv_cache method failed: KeyError: 'x'")
-    assert _plugin_missing(other) is None  # a real failure of the method is not renamed
+    assert _plugin_missing(other, method) is None  # a real failure of the method is not renamed
 
 
 def test_an_engine_core_started_without_the_resize_plugin_refuses_by_name(sync: Any) -> None:
