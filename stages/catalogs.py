@@ -13,7 +13,9 @@ the core's ``Extension`` (replace / add / remove, ``applies_to`` naming the pipe
 - :func:`base_catalog` / :func:`catalog` — a runner's pipeline for a release, without or
   with the enabled extensions (one Pipeline per extension set);
 - :func:`respec` — one stage body declared for a second catalog (``attrs.evolve`` of its
-  spec: other edges, other ``meta``), instead of a copy of the body.
+  spec: other edges, other ``meta``), instead of a copy of the body;
+- :func:`runner_step` — ``@stage`` for one step of a stock runner method, its ``meta``
+  (what it mirrors, what it calls) written in one line of arguments.
 
 Imports neither torch nor vllm.
 """
@@ -22,13 +24,13 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
-from initpipe import Pipeline, StageSpec, apply_extensions, get_spec
+from initpipe import Phase, Pipeline, StageSpec, apply_extensions, get_spec, stage
 from initpipe._extensions import enabled_names
 
 from .errors import UnsupportedRunnerError
@@ -42,7 +44,10 @@ __all__ = [
     "catalog",
     "catalog_def",
     "respec",
+    "runner_step",
 ]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 #: Each runner's catalog package (it defines ``CATALOG``, a :class:`CatalogDef`). A test
 #: checks this against the packages that define one.
@@ -166,3 +171,21 @@ def respec(stage: Any, **changes: Any) -> StageSpec:
     if "meta" in changes:
         changes["meta"] = MappingProxyType(dict(changes["meta"]))
     return attrs.evolve(spec, **changes)
+
+
+def runner_step(
+    needs: Phase,
+    mirrors: str | Iterable[str],
+    *calls: str,
+    **options: Any,
+) -> Callable[[F], F]:
+    """``@stage(needs=..., meta=...)`` for one step of a stock runner method.
+
+    Args:
+        needs: the phase (``MODEL`` or ``KV``).
+        mirrors: the stock method(s) the stage reproduces (``meta["mirrors"]``).
+        calls: the vLLM names its body calls (``meta["calls"]``, checked by the contract).
+        options: the rest of :func:`initpipe.stage`'s keywords (``after``, ``provides``...).
+    """
+    mirrored = (mirrors,) if isinstance(mirrors, str) else tuple(mirrors)
+    return stage(needs=needs, meta={"mirrors": mirrored, "calls": calls}, **options)

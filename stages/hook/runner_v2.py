@@ -40,6 +40,7 @@ from .. import releases
 from ..contract.declare import vllm_uses
 from ..mrv2 import CATALOG as MRV2_CATALOG
 from ..mrv2 import INITPIPE_INPUTS as MRV2_INPUTS
+from ..mrv2.model_phase import BUILT_AFTER_WEIGHTS
 from ..mrv2.types import RunnerV2Settings
 from ..vllm_names import MODEL_STATE as _MODEL_STATE
 from ..vllm_names import MRV2_RUNNER as _RUNNER
@@ -120,17 +121,7 @@ _MODEL_WRITES = tuple(
     adapter.Write(
         name, name, "if_built" if name in ("batch_sharder", "intermediate_tensors") else "set"
     )
-    for name in (
-        "model_state",
-        "decode_query_len",
-        "batch_sharder",
-        "sampler",
-        "rejection_sampler",
-        "prompt_logprobs_worker",
-        "structured_outputs_worker",
-        "pooling_runner",
-        "intermediate_tensors",
-    )
+    for name in ("model_state", "decode_query_len", *BUILT_AFTER_WEIGHTS)
 )
 
 #: KV-phase output -> runner attribute, as stock's ``initialize_kv_cache`` and

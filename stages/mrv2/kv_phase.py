@@ -26,11 +26,12 @@ blocks are called whole: ``init_attn_backend``, ``BlockTables``,
 from __future__ import annotations
 
 import copy
+import functools
 from typing import TYPE_CHECKING, Any
 
-from initpipe import KV, stage
+from initpipe import KV
 
-from ..catalogs import respec
+from ..catalogs import respec, runner_step
 from ..v1 import kv_phase as _v1_kv_phase
 from ..vllm_names import DRAFT_SPECULATOR as _DRAFT
 from ..vllm_names import MODEL_STATE as _MODEL_STATE
@@ -43,6 +44,10 @@ if TYPE_CHECKING:
 
 #: The vLLM module and method the stages below call into (MRv2's runner, speculator and
 #: model state come from :mod:`initpipe_vllm.vllm_names`).
+#: The stock method the stages here mirror.
+_INIT_KV = f"{_RUNNER}.initialize_kv_cache"
+#: ``@stage`` for a step of it: ``_kv_step(*calls, **stage_options)``.
+_kv_step = functools.partial(runner_step, KV, _INIT_KV)
 _ATTN = "vllm.v1.worker.gpu.attn_utils"
 _JIT_ACTIVATE = "vllm.model_executor.warmup.jit_warmup:JitWarmupRegistry.activate"
 
@@ -69,19 +74,13 @@ def _draft_speculator(speculator: Any) -> bool:
     return isinstance(speculator, DraftModelSpeculator)
 
 
-@stage(
-    needs=KV,
-    meta={
-        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
-        "calls": (
-            "vllm.v1.kv_cache_interface:UniformTypeKVCacheSpecs",
-            "vllm.v1.kv_cache_interface:UniformTypeKVCacheSpecs.first_spec",
-            "vllm.v1.kv_cache_interface:KVCacheSpec.uses_slot_mapping",
-            "vllm.v1.kv_cache_interface:KVCacheSpec.max_num_blocks_per_req",
-            "vllm.v1.kv_cache_interface:KVCacheSpec.block_table_token_alignment",
-            "vllm.v1.worker.block_table:get_block_table_width",
-        ),
-    },
+@_kv_step(
+    "vllm.v1.kv_cache_interface:UniformTypeKVCacheSpecs",
+    "vllm.v1.kv_cache_interface:UniformTypeKVCacheSpecs.first_spec",
+    "vllm.v1.kv_cache_interface:KVCacheSpec.uses_slot_mapping",
+    "vllm.v1.kv_cache_interface:KVCacheSpec.max_num_blocks_per_req",
+    "vllm.v1.kv_cache_interface:KVCacheSpec.block_table_token_alignment",
+    "vllm.v1.worker.block_table:get_block_table_width",
 )
 def block_table_geometry(
     vllm_config: VllmConfig,
@@ -126,16 +125,10 @@ def block_table_geometry(
     )
 
 
-@stage(
-    needs=KV,
+@_kv_step(
+    _DRAFT,
+    f"{_DRAFT}.draft_attn_layer_names",
     provides=("target_attn_layer_names", "draft_attn_layer_names"),
-    meta={
-        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
-        "calls": (
-            _DRAFT,
-            f"{_DRAFT}.draft_attn_layer_names",
-        ),
-    },
 )
 def speculator_layer_names(speculator: Any, kv_cache_config: KVCacheConfig) -> dict[str, Any]:
     """With a draft-model speculator: the target's and the draft's attention layer names.
@@ -150,16 +143,10 @@ def speculator_layer_names(speculator: Any, kv_cache_config: KVCacheConfig) -> d
     return {"target_attn_layer_names": grouped - draft, "draft_attn_layer_names": draft}
 
 
-@stage(
-    needs=KV,
+@_kv_step(
+    f"{_ATTN}:init_attn_backend",
+    _JIT_ACTIVATE,
     provides=("runner_kv_cache_config", "attn_groups", "backend_cg_support", "kernel_block_sizes"),
-    meta={
-        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
-        "calls": (
-            f"{_ATTN}:init_attn_backend",
-            _JIT_ACTIVATE,
-        ),
-    },
 )
 def attn_backend(
     vllm_config: VllmConfig,
@@ -190,15 +177,9 @@ def attn_backend(
     }
 
 
-@stage(
-    needs=KV,
-    meta={
-        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
-        "calls": (
-            f"{_ATTN}:AttentionCGSupportInfo.narrow",
-            f"{_MODEL_STATE}.get_additional_cg_support",
-        ),
-    },
+@_kv_step(
+    f"{_ATTN}:AttentionCGSupportInfo.narrow",
+    f"{_MODEL_STATE}.get_additional_cg_support",
 )
 def attn_cg_support(backend_cg_support: Any, model_state: Any) -> Any:
     """The backends' CUDA-graph support narrowed by the model state's own attention
@@ -206,19 +187,13 @@ def attn_cg_support(backend_cg_support: Any, model_state: Any) -> Any:
     return backend_cg_support.narrow(*model_state.get_additional_cg_support())
 
 
-@stage(
-    needs=KV,
-    meta={
-        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
-        "calls": (
-            "vllm.v1.worker.gpu.spec_decode.adaptive_verification:maybe_create_adaptive_verification_manager",
-            "vllm.v1.worker.gpu.spec_decode.rejection_sampler:get_max_chunk_logits",
-            f"{_DRAFT}.enable_adaptive_verification",
-            "vllm.v1.worker.gpu.input_batch:InputBuffers.query_start_loc",
-            f"{_MODEL_STATE}.num_new_sampled_tokens_per_step",
-            f"{_MODEL_STATE}.get_additional_cg_support",
-        ),
-    },
+@_kv_step(
+    "vllm.v1.worker.gpu.spec_decode.adaptive_verification:maybe_create_adaptive_verification_manager",
+    "vllm.v1.worker.gpu.spec_decode.rejection_sampler:get_max_chunk_logits",
+    f"{_DRAFT}.enable_adaptive_verification",
+    "vllm.v1.worker.gpu.input_batch:InputBuffers.query_start_loc",
+    f"{_MODEL_STATE}.num_new_sampled_tokens_per_step",
+    f"{_MODEL_STATE}.get_additional_cg_support",
 )
 def adaptive_verification(
     vllm_config: VllmConfig,
@@ -275,13 +250,9 @@ def build_adaptive_verification(
     )
 
 
-@stage(
-    needs=KV,
+@_kv_step(
+    "vllm.v1.worker.gpu.block_table:BlockTables",
     after=("adaptive_verification",),
-    meta={
-        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
-        "calls": ("vllm.v1.worker.gpu.block_table:BlockTables",),
-    },
 )
 def block_tables(
     device: Any, block_table_geometry: BlockTableGeometry, runner_settings: RunnerV2Settings
@@ -321,17 +292,11 @@ def _unset_speculator_pcp(pcp_manager: Any, speculator: Any) -> None:
         speculator.pcp_manager = None
 
 
-@stage(
-    needs=KV,
+@_kv_step(
+    "vllm.v1.worker.gpu.pcp_manager:maybe_build_pcp_manager",
+    f"{_DRAFT}.pcp_manager",
     teardown=_unset_speculator_pcp,
     effects=("speculator.pcp_manager",),
-    meta={
-        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
-        "calls": (
-            "vllm.v1.worker.gpu.pcp_manager:maybe_build_pcp_manager",
-            f"{_DRAFT}.pcp_manager",
-        ),
-    },
 )
 def pcp_manager(
     vllm_config: VllmConfig,
@@ -359,12 +324,8 @@ def pcp_manager(
     return manager
 
 
-@stage(
-    needs=KV,
-    meta={
-        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
-        "calls": ("vllm.v1.worker.gpu.ubatch_utils:maybe_build_ubatch_runner",),
-    },
+@_kv_step(
+    "vllm.v1.worker.gpu.ubatch_utils:maybe_build_ubatch_runner",
 )
 def ubatch_runner(
     vllm_config: VllmConfig,
@@ -404,22 +365,16 @@ mamba_ssu_backend = respec(
 )
 
 
-@stage(
-    needs=KV,
+@_kv_step(
+    "vllm.envs:VLLM_USE_BREAKABLE_CUDAGRAPH",
+    "vllm.v1.worker.gpu.cudagraph_utils:has_compiled_submodule",
+    "vllm.v1.worker.gpu.spec_decode.adaptive_verification:resolve_adaptive_cudagraph_mode",
+    "vllm.config.compilation:CompilationConfig.cudagraph_mode",
+    "vllm.config.compilation:CompilationConfig.resolve_cudagraph_mode_and_sizes",
+    f"{_ATTN}:AttentionCGSupportInfo.min_cg_support",
+    f"{_ATTN}:AttentionCGSupportInfo.min_cg_attn_backend",
     after=("mamba_ssu_backend",),
     effects=("compilation_config.cudagraph_mode", "compilation_config capture sizes"),
-    meta={
-        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
-        "calls": (
-            "vllm.envs:VLLM_USE_BREAKABLE_CUDAGRAPH",
-            "vllm.v1.worker.gpu.cudagraph_utils:has_compiled_submodule",
-            "vllm.v1.worker.gpu.spec_decode.adaptive_verification:resolve_adaptive_cudagraph_mode",
-            "vllm.config.compilation:CompilationConfig.cudagraph_mode",
-            "vllm.config.compilation:CompilationConfig.resolve_cudagraph_mode_and_sizes",
-            f"{_ATTN}:AttentionCGSupportInfo.min_cg_support",
-            f"{_ATTN}:AttentionCGSupportInfo.min_cg_attn_backend",
-        ),
-    },
 )
 def cudagraph_mode(
     vllm_config: VllmConfig,
@@ -461,12 +416,8 @@ def cudagraph_mode(
     )
 
 
-@stage(
-    needs=KV,
-    meta={
-        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
-        "calls": ("vllm.v1.worker.gpu.cudagraph_utils:ModelCudaGraphManager",),
-    },
+@_kv_step(
+    "vllm.v1.worker.gpu.cudagraph_utils:ModelCudaGraphManager",
 )
 def cudagraph_manager(
     vllm_config: VllmConfig,
@@ -495,12 +446,8 @@ def cudagraph_manager(
     )
 
 
-@stage(
-    needs=KV,
-    meta={
-        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
-        "calls": (f"{_ATTN}:FastPrefillHelper",),
-    },
+@_kv_step(
+    f"{_ATTN}:FastPrefillHelper",
 )
 def fast_prefill(
     vllm_config: VllmConfig,
@@ -516,13 +463,9 @@ def fast_prefill(
     return FastPrefillHelper(cudagraph_manager, runner_settings.max_num_tokens)
 
 
-@stage(
-    needs=KV,
+@_kv_step(
+    "vllm.v1.worker.cp_utils:check_attention_cp_compatibility",
     after=("fast_prefill",),
-    meta={
-        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
-        "calls": ("vllm.v1.worker.cp_utils:check_attention_cp_compatibility",),
-    },
 )
 def attention_cp_compatible(vllm_config: VllmConfig, target_attn_layer_names: Any) -> bool:
     """vLLM's ``check_attention_cp_compatibility`` over the target's layers (True, or its

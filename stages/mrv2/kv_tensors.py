@@ -19,12 +19,14 @@ runner's own references are dropped by the adapter. Each stage declares what it 
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from initpipe import KV, stage
 
+from ..catalogs import runner_step
 from ..v1.kv_tensors import disarm_zeroer
 from ..vllm_names import DRAFT_SPECULATOR as _DRAFT
 from ..vllm_names import MRV2_RUNNER as _RUNNER
@@ -37,6 +39,10 @@ if TYPE_CHECKING:
 #: vLLM names only this module declares (MRv2's runner, whose ``initialize_kv_cache`` /
 #: ``_init_kv_zero_meta`` the stages replace, and ``_TEARDOWN``, whose pieces the teardowns
 #: reproduce, come from :mod:`initpipe_vllm.vllm_names`).
+#: The stock method the stages here mirror.
+_INIT_KV = f"{_RUNNER}.initialize_kv_cache"
+#: ``@stage`` for a step of it: ``_kv_step(*calls, **stage_options)``.
+_kv_step = functools.partial(runner_step, KV, _INIT_KV)
 _MAMBA_STATE = "vllm.v1.worker.gpu.model_states.mamba_hybrid:MambaHybridModelState"
 _ZEROER = "vllm.v1.worker.utils:KVBlockZeroer"
 _FORWARD_CONTEXT = "vllm.config.compilation:CompilationConfig.static_forward_context"
@@ -59,17 +65,11 @@ def _draft_speculator(speculator: Any) -> bool:
     return isinstance(speculator, DraftModelSpeculator)
 
 
-@stage(
-    needs=KV,
+@_kv_step(
+    _DRAFT,
+    f"{_DRAFT}.set_attn",
     after=("attention_cp_compatible",),
     effects=("speculator attention groups, block tables and buffers (set_attn)",),
-    meta={
-        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
-        "calls": (
-            _DRAFT,
-            f"{_DRAFT}.set_attn",
-        ),
-    },
 )
 def speculator_attn(
     speculator: Any,
@@ -92,16 +92,10 @@ def speculator_attn(
     return True
 
 
-@stage(
-    needs=KV,
+@_kv_step(
+    "vllm.v1.worker.gpu.spec_decode.speculator:BaseSpeculator.init_cudagraph_manager",
     after=("speculator_attn",),
     effects=("speculator CUDA-graph managers",),
-    meta={
-        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
-        "calls": (
-            "vllm.v1.worker.gpu.spec_decode.speculator:BaseSpeculator.init_cudagraph_manager",
-        ),
-    },
 )
 def speculator_cudagraph_manager(speculator: Any, cudagraph_mode: Any) -> bool:
     """The speculator sizes its CUDA-graph managers to the resolved mode (after ``set_attn``).
@@ -132,25 +126,21 @@ def _unbind_layers(kv_caches_by_layer: dict[str, Any], vllm_config: VllmConfig, 
     torch.accelerator.empty_cache()
 
 
-@stage(
-    needs=KV,
+@runner_step(
+    KV,
+    (
+        _INIT_KV,
+        _TEARDOWN,
+    ),
+    "vllm.v1.worker.gpu.attn_utils:init_kv_cache",
+    "vllm.model_executor.warmup.jit_warmup:JitWarmupRegistry.activate",
+    f"{_DRAFT}.attn_groups",
+    _FORWARD_CONTEXT,
+    "vllm.v1.worker.utils:clear_layer_kv_caches",
+    "vllm.v1.hisparse.binding:release_hisparse_profiling_cache",
     after=("speculator_cudagraph_manager",),
     teardown=_unbind_layers,
     effects=("layer.kv_cache", "attn_group kernel block views"),
-    meta={
-        "mirrors": (
-            f"{_RUNNER}.initialize_kv_cache",
-            _TEARDOWN,
-        ),
-        "calls": (
-            "vllm.v1.worker.gpu.attn_utils:init_kv_cache",
-            "vllm.model_executor.warmup.jit_warmup:JitWarmupRegistry.activate",
-            f"{_DRAFT}.attn_groups",
-            _FORWARD_CONTEXT,
-            "vllm.v1.worker.utils:clear_layer_kv_caches",
-            "vllm.v1.hisparse.binding:release_hisparse_profiling_cache",
-        ),
-    },
 )
 def kv_caches_by_layer(
     vllm_config: VllmConfig,
@@ -192,16 +182,13 @@ def _drop_list(runner_kv_caches: list[Any]) -> None:
     runner_kv_caches.clear()
 
 
-@stage(
-    needs=KV,
+@runner_step(
+    KV,
+    (
+        _INIT_KV,
+        _TEARDOWN,
+    ),
     teardown=_drop_list,
-    meta={
-        "mirrors": (
-            f"{_RUNNER}.initialize_kv_cache",
-            _TEARDOWN,
-        ),
-        "calls": (),
-    },
 )
 def runner_kv_caches(kv_caches_by_layer: Mapping[str, Any], device: Any) -> list[Any]:
     """The runner's ``kv_caches``: every view on this device, in layer order (aliases kept,
@@ -220,23 +207,19 @@ def _clear_model_state_kv(model_state_kv: bool, model_state: Any) -> None:
         model_state._mamba_spec = None
 
 
-@stage(
-    needs=KV,
+@runner_step(
+    KV,
+    (
+        _INIT_KV,
+        _TEARDOWN,
+    ),
+    "vllm.v1.worker.gpu.model_states.interface:ModelState.initialize_kv_cache",
+    f"{_MAMBA_STATE}._mamba_ctx",
+    f"{_MAMBA_STATE}._mamba_group_ids",
+    f"{_MAMBA_STATE}._mamba_spec",
     after=("runner_kv_caches",),
     teardown=_clear_model_state_kv,
     effects=("model_state KV state (Mamba context, group ids)",),
-    meta={
-        "mirrors": (
-            f"{_RUNNER}.initialize_kv_cache",
-            _TEARDOWN,
-        ),
-        "calls": (
-            "vllm.v1.worker.gpu.model_states.interface:ModelState.initialize_kv_cache",
-            f"{_MAMBA_STATE}._mamba_ctx",
-            f"{_MAMBA_STATE}._mamba_group_ids",
-            f"{_MAMBA_STATE}._mamba_spec",
-        ),
-    },
 )
 def model_state_kv(
     model_state: Any,
@@ -252,16 +235,10 @@ def model_state_kv(
     return True
 
 
-@stage(
-    needs=KV,
+@_kv_step(
+    "vllm.v1.worker.gpu.kv_connector:NO_OP_KV_CONNECTOR",
+    "vllm.v1.worker.gpu.kv_connector:get_kv_connector",
     after=("model_state_kv",),
-    meta={
-        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
-        "calls": (
-            "vllm.v1.worker.gpu.kv_connector:NO_OP_KV_CONNECTOR",
-            "vllm.v1.worker.gpu.kv_connector:get_kv_connector",
-        ),
-    },
 )
 def kv_connector(
     vllm_config: VllmConfig, kv_caches_by_layer: Mapping[str, Any], is_profiling: bool
@@ -280,17 +257,11 @@ def _close_aux(aux_output_connector: Any) -> None:
         aux_output_connector.close()
 
 
-@stage(
-    needs=KV,
+@_kv_step(
+    "vllm.distributed.aux_output_connector.worker:get_aux_output_connector",
+    "vllm.distributed.aux_output_connector.worker:AuxOutputWorkerConnector.close",
     after=("kv_connector",),
     teardown=_close_aux,
-    meta={
-        "mirrors": (f"{_RUNNER}.initialize_kv_cache",),
-        "calls": (
-            "vllm.distributed.aux_output_connector.worker:get_aux_output_connector",
-            "vllm.distributed.aux_output_connector.worker:AuxOutputWorkerConnector.close",
-        ),
-    },
 )
 def aux_output_connector(
     vllm_config: VllmConfig,

@@ -24,11 +24,13 @@ No torch or vllm import at module import time.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import TYPE_CHECKING, Any
 
 from initpipe import MODEL, stage
 
+from ..catalogs import runner_step
 from ..errors import ModelPhaseError
 from ..vllm_names import MODEL_STATE as _MODEL_STATE
 from ..vllm_names import MRV2_RUNNER as _RUNNER
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "BUILT_AFTER_WEIGHTS",
     "batch_sharder",
     "custom_logits_processors",
     "decode_query_len",
@@ -55,6 +58,23 @@ __all__ = [
     "structured_outputs_worker",
 ]
 
+#: The stock method every stage here mirrors (but ``kv_cache_spec``).
+_LOAD = f"{_RUNNER}.load_model"
+#: ``@stage`` for a step of it: ``_load_step(*calls, **stage_options)``.
+_load_step = functools.partial(runner_step, MODEL, _LOAD)
+
+#: Objects stock MRv2's ``load_model`` builds after the weights and the model state, in its
+#: order, each kept as the runner attribute of the same name.
+BUILT_AFTER_WEIGHTS = (
+    "batch_sharder",
+    "sampler",
+    "rejection_sampler",
+    "prompt_logprobs_worker",
+    "structured_outputs_worker",
+    "pooling_runner",
+    "intermediate_tensors",
+)
+
 #: EPLB states and offloaders this process already registered with / post-initialized:
 #: vLLM keeps them process-wide, so a second registration would double them.
 _EPLB_REGISTERED: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -66,12 +86,8 @@ def _samples(runner_settings: RunnerV2Settings) -> bool:
     return runner_settings.is_last_pp_rank and not runner_settings.is_pooling_model
 
 
-@stage(
-    needs=MODEL,
-    meta={
-        "mirrors": (f"{_RUNNER}.load_model",),
-        "calls": ("vllm.v1.worker.gpu.model_states:init_model_state",),
-    },
+@_load_step(
+    "vllm.v1.worker.gpu.model_states:init_model_state",
 )
 def model_state(vllm_config: VllmConfig, model: Any, encoder_cache: Any, device: Any) -> Any:
     """vLLM's ``init_model_state``: the per-architecture state object (reads the block size).
@@ -86,27 +102,17 @@ def model_state(vllm_config: VllmConfig, model: Any, encoder_cache: Any, device:
     return init_model_state(vllm_config, model, encoder_cache, device)
 
 
-@stage(
-    needs=MODEL,
-    meta={
-        "mirrors": (f"{_RUNNER}.load_model",),
-        "calls": (f"{_MODEL_STATE}.num_new_sampled_tokens_per_step",),
-    },
+@_load_step(
+    f"{_MODEL_STATE}.num_new_sampled_tokens_per_step",
 )
 def decode_query_len(runner_settings: RunnerV2Settings, model_state: Any) -> int:
     """Tokens per request in a decode step: speculative steps plus newly sampled tokens."""
     return runner_settings.num_speculative_steps + model_state.num_new_sampled_tokens_per_step
 
 
-@stage(
-    needs=MODEL,
-    meta={
-        "mirrors": (f"{_RUNNER}.load_model",),
-        "calls": (
-            "vllm.logger:init_logger",
-            "vllm.v1.worker.gpu.sample.batch_shard:BatchSharder",
-        ),
-    },
+@_load_step(
+    "vllm.logger:init_logger",
+    "vllm.v1.worker.gpu.sample.batch_shard:BatchSharder",
 )
 def batch_sharder(
     vllm_config: VllmConfig,
@@ -153,15 +159,9 @@ def build_batch_sharder(
     )
 
 
-@stage(
-    needs=MODEL,
+@_load_step(
+    "vllm.v1.worker.gpu.sample.logits_processor.loader:build_custom_logits_processors",
     after=("batch_sharder",),
-    meta={
-        "mirrors": (f"{_RUNNER}.load_model",),
-        "calls": (
-            "vllm.v1.worker.gpu.sample.logits_processor.loader:build_custom_logits_processors",
-        ),
-    },
 )
 def custom_logits_processors(
     vllm_config: VllmConfig, req_states: Any, runner_settings: RunnerV2Settings
@@ -177,26 +177,20 @@ def custom_logits_processors(
     )
 
 
-@stage(
-    needs=MODEL,
+@_load_step(
+    "vllm.platforms:current_platform",
+    "vllm.platforms.interface:Platform.is_rocm",
+    "vllm.v1.sample.ops.topk_topp_sampler:register_top_k_top_p_warmups",
+    "vllm.model_executor.warmup.jit_warmup:JitWarmupRegistry.activate",
+    "vllm.v1.watermarking.factory:create_watermarker",
+    "vllm.v1.watermarking.spec_decode:create_speculative_target_watermarker",
+    "vllm.v1.watermarking.spec_decode:speculative_target_watermark_key",
+    "vllm.v1.watermarking.gpu_sampler:GPUWatermarkSampler",
+    "vllm.v1.worker.gpu.sample.sampler:Sampler",
+    "vllm.v1.worker.gpu.spec_decode.rejection_sampler:RejectionSampler",
+    f"{_MODEL_STATE}.custom_sampler",
+    "vllm.config.vllm:VllmConfig._check_supports_watermarking",
     provides=("sampler", "rejection_sampler"),
-    meta={
-        "mirrors": (f"{_RUNNER}.load_model",),
-        "calls": (
-            "vllm.platforms:current_platform",
-            "vllm.platforms.interface:Platform.is_rocm",
-            "vllm.v1.sample.ops.topk_topp_sampler:register_top_k_top_p_warmups",
-            "vllm.model_executor.warmup.jit_warmup:JitWarmupRegistry.activate",
-            "vllm.v1.watermarking.factory:create_watermarker",
-            "vllm.v1.watermarking.spec_decode:create_speculative_target_watermarker",
-            "vllm.v1.watermarking.spec_decode:speculative_target_watermark_key",
-            "vllm.v1.watermarking.gpu_sampler:GPUWatermarkSampler",
-            "vllm.v1.worker.gpu.sample.sampler:Sampler",
-            "vllm.v1.worker.gpu.spec_decode.rejection_sampler:RejectionSampler",
-            f"{_MODEL_STATE}.custom_sampler",
-            "vllm.config.vllm:VllmConfig._check_supports_watermarking",
-        ),
-    },
 )
 def samplers(
     vllm_config: VllmConfig,
@@ -273,13 +267,9 @@ def samplers(
     return {"sampler": sampler, "rejection_sampler": rejection_sampler}
 
 
-@stage(
-    needs=MODEL,
+@_load_step(
+    "vllm.v1.worker.gpu.sample.prompt_logprob:PromptLogprobsWorker",
     after=("samplers",),
-    meta={
-        "mirrors": (f"{_RUNNER}.load_model",),
-        "calls": ("vllm.v1.worker.gpu.sample.prompt_logprob:PromptLogprobsWorker",),
-    },
 )
 def prompt_logprobs_worker(
     vllm_config: VllmConfig, device: Any, runner_settings: RunnerV2Settings
@@ -296,16 +286,10 @@ def prompt_logprobs_worker(
     )
 
 
-@stage(
-    needs=MODEL,
+@_load_step(
+    "vllm.v1.worker.gpu.structured_outputs:StructuredOutputsWorker",
+    f"{_MODEL_STATE}.num_new_sampled_tokens_per_step",
     after=("prompt_logprobs_worker",),
-    meta={
-        "mirrors": (f"{_RUNNER}.load_model",),
-        "calls": (
-            "vllm.v1.worker.gpu.structured_outputs:StructuredOutputsWorker",
-            f"{_MODEL_STATE}.num_new_sampled_tokens_per_step",
-        ),
-    },
 )
 def structured_outputs_worker(
     device: Any, runner_settings: RunnerV2Settings, model_state: Any, decode_query_len: int
@@ -337,13 +321,9 @@ def build_structured_outputs_worker(
     )
 
 
-@stage(
-    needs=MODEL,
+@_load_step(
+    "vllm.v1.worker.gpu.pool.pooling_runner:PoolingRunner",
     after=("structured_outputs_worker",),
-    meta={
-        "mirrors": (f"{_RUNNER}.load_model",),
-        "calls": ("vllm.v1.worker.gpu.pool.pooling_runner:PoolingRunner",),
-    },
 )
 def pooling_runner(vllm_config: VllmConfig, model: Any, runner_settings: RunnerV2Settings) -> Any:
     """The pooling runner of a pooling model on the last PP rank (else None)."""
@@ -354,18 +334,12 @@ def pooling_runner(vllm_config: VllmConfig, model: Any, runner_settings: RunnerV
     return PoolingRunner(model, vllm_config)
 
 
-@stage(
-    needs=MODEL,
+@_load_step(
+    "vllm.v1.worker.gpu.eplb_utils:EPLBController.state",
+    "vllm.v1.worker.gpu.eplb_utils:EPLBController.maybe_register_model",
+    "vllm.v1.worker.gpu.eplb_utils:EPLBController.maybe_start_async_loop",
     after=("pooling_runner",),
     effects=("EPLB state: MoE model registered", "EPLB async rebalancing loop started"),
-    meta={
-        "mirrors": (f"{_RUNNER}.load_model",),
-        "calls": (
-            "vllm.v1.worker.gpu.eplb_utils:EPLBController.state",
-            "vllm.v1.worker.gpu.eplb_utils:EPLBController.maybe_register_model",
-            "vllm.v1.worker.gpu.eplb_utils:EPLBController.maybe_start_async_loop",
-        ),
-    },
 )
 def eplb_registration(
     vllm_config: VllmConfig,
@@ -401,15 +375,9 @@ def eplb_registration(
     return added
 
 
-@stage(
-    needs=MODEL,
+@_load_step(
+    "vllm.model_executor.models.interfaces:SupportsPP.make_empty_intermediate_tensors",
     after=("eplb_registration",),
-    meta={
-        "mirrors": (f"{_RUNNER}.load_model",),
-        "calls": (
-            "vllm.model_executor.models.interfaces:SupportsPP.make_empty_intermediate_tensors",
-        ),
-    },
 )
 def intermediate_tensors(
     vllm_config: VllmConfig, model: Any, runner_settings: RunnerV2Settings, device: Any
@@ -427,21 +395,17 @@ def intermediate_tensors(
     )
 
 
-@stage(
-    needs=MODEL,
+@runner_step(
+    MODEL,
+    (
+        _LOAD,
+        # relied on to do nothing (the stage skips it then)
+        "vllm.model_executor.offloader.base:BaseOffloader.post_init",
+    ),
+    "vllm.model_executor.offloader.base:get_offloader",
+    "vllm.model_executor.offloader.base:BaseOffloader",
     after=("intermediate_tensors",),
     effects=("the process-wide offloader: post_init",),
-    meta={
-        "mirrors": (
-            f"{_RUNNER}.load_model",
-            # relied on to do nothing (the stage skips it then)
-            "vllm.model_executor.offloader.base:BaseOffloader.post_init",
-        ),
-        "calls": (
-            "vllm.model_executor.offloader.base:get_offloader",
-            "vllm.model_executor.offloader.base:BaseOffloader",
-        ),
-    },
 )
 def offloader_post_init() -> str:
     """``get_offloader().post_init()`` (a process global set by the runner's ``__init__``).
@@ -471,17 +435,11 @@ def offloader_post_init() -> str:
     return type(offloader).__name__
 
 
-@stage(
-    needs=MODEL,
+@_load_step(
+    "vllm.config.compilation:CompilationMode",
+    "vllm.compilation.wrapper:compile_model_with_stock_torch",
     after=("offloader_post_init",),
     effects=("model compiled in place",),
-    meta={
-        "mirrors": (f"{_RUNNER}.load_model",),
-        "calls": (
-            "vllm.config.compilation:CompilationMode",
-            "vllm.compilation.wrapper:compile_model_with_stock_torch",
-        ),
-    },
 )
 def stock_torch_compile(vllm_config: VllmConfig, model: Any) -> bool:
     """``compile_model_with_stock_torch`` in ``STOCK_TORCH_COMPILE`` mode; else nothing."""

@@ -12,6 +12,8 @@ from typing import Any
 
 import attrs
 
+from ..v1.types import read_fields
+
 __all__ = ["BlockTableGeometry", "RunnerV2Settings"]
 
 
@@ -45,20 +47,8 @@ class RunnerV2Settings:
 
     @classmethod
     def from_runner(cls, runner: Any) -> RunnerV2Settings:
-        """Read the settings from a constructed MRv2 ``GPUModelRunner``."""
-        return cls(
-            max_num_reqs=runner.max_num_reqs,
-            max_num_tokens=runner.max_num_tokens,
-            vocab_size=runner.vocab_size,
-            num_speculative_steps=runner.num_speculative_steps,
-            is_pooling_model=runner.is_pooling_model,
-            is_first_pp_rank=runner.is_first_pp_rank,
-            is_last_pp_rank=runner.is_last_pp_rank,
-            is_encoder_decoder=runner.is_encoder_decoder,
-            supports_mm_inputs=runner.supports_mm_inputs,
-            dcp_size=runner.dcp_size,
-            dcp_rank=runner.dcp_rank,
-        )
+        """Read the settings from a constructed MRv2 ``GPUModelRunner`` (same names)."""
+        return read_fields(cls, runner)
 
 
 def _ints(values: Iterable[int]) -> tuple[int, ...]:

@@ -266,6 +266,23 @@ def _vllm_base(cls: type) -> str:
     return cls.__name__
 
 
+def runner_config_data(runner: Any) -> dict[str, Any]:
+    """What every runner (v1 or MRv2) holds of the config: its vLLM base class, the cache
+    and CUDA-graph settings, the model length."""
+    cc = runner.vllm_config.compilation_config
+    cache = runner.cache_config
+    return {
+        "runner_base_class": _vllm_base(type(runner)),
+        "block_size": cache.block_size,
+        "num_gpu_blocks": cache.num_gpu_blocks,
+        "kv_cache_layout": cache.kv_cache_layout,
+        "max_model_len": runner.max_model_len,
+        "cudagraph_mode": _scalar(cc.cudagraph_mode),
+        "cudagraph_capture_sizes": _scalar(cc.cudagraph_capture_sizes),
+        "max_cudagraph_capture_size": cc.max_cudagraph_capture_size,
+    }
+
+
 def runner_snapshot(runner: Any, *, blocks: bool = True) -> dict[str, Any]:
     """Turn a runner's initialization state into plain, JSON-able data.
 
@@ -278,20 +295,10 @@ def runner_snapshot(runner: Any, *, blocks: bool = True) -> dict[str, Any]:
         A dict; two runners initialized the same way give equal dicts.
     """
     storages = _Storages()
-    cc = runner.vllm_config.compilation_config
-    cache = runner.cache_config
-    disp = runner.cudagraph_dispatcher
     kv_list = list(getattr(runner, "kv_caches", []))
     snap: dict[str, Any] = {
-        "runner_base_class": _vllm_base(type(runner)),
-        "block_size": cache.block_size,
-        "num_gpu_blocks": cache.num_gpu_blocks,
-        "kv_cache_layout": cache.kv_cache_layout,
-        "max_model_len": runner.max_model_len,
-        "cudagraph_mode": _scalar(cc.cudagraph_mode),
-        "cudagraph_capture_sizes": _scalar(cc.cudagraph_capture_sizes),
-        "max_cudagraph_capture_size": cc.max_cudagraph_capture_size,
-        "dispatcher": _dispatcher(disp),
+        **runner_config_data(runner),
+        "dispatcher": _dispatcher(runner.cudagraph_dispatcher),
         "shared_kv_cache_layers": dict(sorted(runner.shared_kv_cache_layers.items())),
         "runner_only_attn_layers": sorted(runner.runner_only_attn_layers),
         "kv_sharing_fast_prefill_eligible_layers": sorted(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..mrv2.model_phase import BUILT_AFTER_WEIGHTS
 from .snapshot import (
     _attn_group,
     _digest,
@@ -26,24 +27,16 @@ from .snapshot import (
     _scalar,
     _spec,
     _Storages,
-    _vllm_base,
     kv_cache_config_data,
     layer_bindings,
+    runner_config_data,
     zeroer_table,
 )
 
 __all__ = ["MODEL_PHASE_ATTRS", "runner_snapshot_v2"]
 
 #: Objects stock MRv2's ``load_model`` builds after the weights (recorded by class).
-MODEL_PHASE_ATTRS = (
-    "batch_sharder",
-    "sampler",
-    "rejection_sampler",
-    "prompt_logprobs_worker",
-    "structured_outputs_worker",
-    "pooling_runner",
-    "intermediate_tensors",
-)
+MODEL_PHASE_ATTRS = BUILT_AFTER_WEIGHTS
 
 #: Managers MRv2's KV phase builds (recorded by class; None when not built).
 _KV_MANAGERS = ("pcp_manager", "ubatch_runner", "adaptive_verification", "aux_output_connector")
@@ -107,28 +100,13 @@ def _cudagraph_manager(runner: Any) -> Any:
 
 
 def runner_snapshot_v2(runner: Any, *, blocks: bool = True) -> dict[str, Any]:
-    """Turn an MRv2 runner's initialization state into plain, JSON-able data.
-
-    Args:
-        runner: an MRv2 ``GPUModelRunner`` (stock or pipelined).
-        blocks: include which KV blocks of each runner view hold non-zero data.
-
-    Returns:
-        A dict; two runners initialized the same way give equal dicts.
-    """
-    storages = _Storages()
-    cc = runner.vllm_config.compilation_config
-    cache = runner.cache_config
+    """:func:`~initpipe_vllm.testing.snapshot.runner_snapshot` for an MRv2
+    ``GPUModelRunner`` (stock or pipelined): its own attributes (block tables, model state,
+    CUDA-graph managers, the objects ``load_model`` builds) beside the shared ones."""
     kv_list = list(getattr(runner, "kv_caches", []))
+    storages = _Storages()
     snap: dict[str, Any] = {
-        "runner_base_class": _vllm_base(type(runner)),
-        "block_size": cache.block_size,
-        "num_gpu_blocks": cache.num_gpu_blocks,
-        "kv_cache_layout": cache.kv_cache_layout,
-        "max_model_len": runner.max_model_len,
-        "cudagraph_mode": _scalar(cc.cudagraph_mode),
-        "cudagraph_capture_sizes": _scalar(cc.cudagraph_capture_sizes),
-        "max_cudagraph_capture_size": cc.max_cudagraph_capture_size,
+        **runner_config_data(runner),
         "cp_interleave": runner.cp_interleave,
         "decode_query_len": getattr(runner, "decode_query_len", None),
         "model_memory_usage_known": isinstance(getattr(runner, "model_memory_usage", None), int),

@@ -11,7 +11,7 @@ import argparse
 
 from initpipe.errors import UsageError
 
-__all__ = ["Parser", "UsageError"]
+__all__ = ["Parser", "UsageError", "add_model_runner"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -19,3 +19,15 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(message)
+
+
+def add_model_runner(parser: argparse.ArgumentParser) -> None:
+    """``--model-runner auto|v1|v2``: the runner vLLM builds (``run`` and ``startup``)."""
+    parser.add_argument(
+        "--model-runner",
+        choices=("auto", "v1", "v2"),
+        default="auto",
+        help="vLLM's model runner: auto (vLLM decides: Model Runner V2 where Triton "
+        "exists, v1 on CPU), v1, or v2 (on a machine without a GPU through Triton's "
+        "interpreter, a test device: slow)",
+    )

@@ -44,6 +44,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ._cli import add_model_runner
 from .quiet import NOISE, quiet
 
 __all__ = ["DEFAULT_MODEL", "NotStockError", "build_parser", "main"]
@@ -317,14 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="M",
         help="pipeline stages (runs without enforce_eager: vLLM's CPU runner needs it)",
     )
-    p.add_argument(
-        "--model-runner",
-        choices=("auto", "v1", "v2"),
-        default="auto",
-        help="vLLM's model runner: auto (vLLM decides: Model Runner V2 where Triton "
-        "exists, v1 on CPU), v1, or v2 (on a machine without a GPU through Triton's "
-        "interpreter, a test device: slow)",
-    )
+    add_model_runner(p)
     p.add_argument(
         "-v",
         "--verbose",

@@ -40,7 +40,7 @@ from typing import Any
 from ..errors import InitpipeVllmError
 from ..hook import PIPELINED_WORKER
 from ..testing.server import health
-from ._cli import Parser, UsageError
+from ._cli import Parser, UsageError, add_model_runner
 from .otlp import Receiver, ReceiverError, Span, read, to_json
 from .run import DEFAULT_MODEL
 from .startup_compare import DEFAULT_MIN_S, DEFAULT_RATIO, ONLY, compare
@@ -111,13 +111,7 @@ def build_parser() -> Parser:
         default="pipelined",
         help="initpipe's pipelined worker (default) or vLLM's own",
     )
-    run.add_argument(
-        "--model-runner",
-        choices=("auto", "v1", "v2"),
-        default="auto",
-        help="vLLM's model runner: auto (vLLM decides), v1, or v2 (Model Runner V2; on a "
-        "machine without a GPU through Triton's interpreter, a test device)",
-    )
+    add_model_runner(run)
     run.add_argument(
         "--first-token",
         action="store_true",

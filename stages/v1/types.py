@@ -9,11 +9,18 @@ No torch or vllm import.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
-__all__ = ["InputBatchGeometry", "RunnerSettings"]
+__all__ = ["InputBatchGeometry", "RunnerSettings", "read_fields"]
+
+T = TypeVar("T")
+
+
+def read_fields(cls: type[T], obj: Any) -> T:
+    """``cls`` (an attrs class) built from ``obj``'s attributes of its fields' names."""
+    return cls(**{f.name: getattr(obj, f.name) for f in attrs.fields(cls)})  # type: ignore[arg-type]
 
 
 @attrs.frozen(kw_only=True)
@@ -40,16 +47,8 @@ class RunnerSettings:
 
     @classmethod
     def from_runner(cls, runner: Any) -> RunnerSettings:
-        """Read the settings from a constructed ``GPUModelRunner``."""
-        return cls(
-            kv_cache_dtype=runner.kv_cache_dtype,
-            max_num_reqs=runner.max_num_reqs,
-            max_num_tokens=runner.max_num_tokens,
-            max_encoder_len=runner.max_encoder_len,
-            uniform_decode_query_len=runner.uniform_decode_query_len,
-            num_spec_tokens=runner.num_spec_tokens,
-            is_pooling_model=runner.is_pooling_model,
-        )
+        """Read the settings from a constructed ``GPUModelRunner`` (same names)."""
+        return read_fields(cls, runner)
 
 
 def _ints(values: Iterable[int]) -> tuple[int, ...]:
