@@ -17,8 +17,7 @@ from __future__ import annotations
 import os
 
 from ._common import STEADY_ALLOCATOR, Row, child_json, mm, paired_ratio
-from .engine import MAX_RATIO as ENGINE_MAX_RATIO
-from .engine import start_once
+from .engine import MAX_RATIO as ENGINE_MAX_RATIO, start_once
 
 #: Targets from the issue: MRv2 engine start <= 1.03x stock, KV phase <= 1.05x.
 KV_MAX_RATIO = 1.05

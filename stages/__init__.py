@@ -51,24 +51,19 @@ import sys
 import time
 from typing import Any
 
-from . import _import_time  # first: when this package's import began
+from . import _import_time, errors  # _import_time first: when this package's import began
 from .catalogs import base_catalog, catalog
-from .errors import (
-    CatalogError,
-    InitpipeVllmError,
-    KVCacheConfigError,
-    KVCacheReleasedError,
-    ModelPhaseError,
-    RefitError,
-    RefitFailedError,
-    RefitRefusedError,
-    ResizeError,
-    ResizeRefusedError,
-    UnsupportedRunnerError,
-)
+from .errors import *  # noqa: F403 -- the error tree (errors.__all__)
 from .v1 import *  # noqa: F403 -- every v1 stage, for Pipeline.from_module("initpipe_vllm")
-from .v1 import INITPIPE_INPUTS, STAGES, kv_phase, kv_tensors, model_phase, types
-from .v1 import __all__ as _v1_names
+from .v1 import (
+    INITPIPE_INPUTS,
+    STAGES,
+    __all__ as _v1_names,
+    kv_phase,
+    kv_tensors,
+    model_phase,
+    types,
+)
 
 #: The v1 stage modules under their names before the catalogs had folders (issue 34): an
 #: extension that imports ``initpipe_vllm.kv_tensors`` gets ``initpipe_vllm.v1.kv_tensors``.
@@ -118,20 +113,10 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "INITPIPE_INPUTS",
     "STAGES",
-    "CatalogError",
-    "InitpipeVllmError",
-    "KVCacheConfigError",
-    "KVCacheReleasedError",
-    "ModelPhaseError",
-    "RefitError",
-    "RefitFailedError",
-    "RefitRefusedError",
-    "ResizeError",
-    "ResizeRefusedError",
-    "UnsupportedRunnerError",
     "base_catalog",
     "catalog",
     *RESIZE_API,
     *(n for n in _v1_names if n not in ("CATALOG", "INITPIPE_INPUTS", "STAGES")),
 ]
+__all__ += errors.__all__
 _import_time.ENDED_S = time.time()

@@ -32,8 +32,7 @@ def digests(llm: Any) -> list[str]:
 
 def default_prompts(llm: Any) -> list[list[int]]:
     """The prompts a refit's default probe serves on ``llm``'s model."""
-    from initpipe_vllm.live.refit.probe import Probe
-    from initpipe_vllm.live.refit.probe import default_prompts as built
+    from initpipe_vllm.live.refit.probe import Probe, default_prompts as built
 
     cfg = core(llm).vllm_config
     return [

@@ -43,8 +43,7 @@ from initpipe.testing import ENV_FAULT, inject_faults_from_env
 from .. import releases
 from ..contract.declare import Capability, vllm_uses
 from ..errors import UnsupportedRunnerError
-from ..vllm_names import MRV2_RUNNER as _V2
-from ..vllm_names import V1_RUNNER as _V1
+from ..vllm_names import MRV2_RUNNER as _V2, V1_RUNNER as _V1
 from .progress import log_phase, phase_spans
 
 __all__ = [

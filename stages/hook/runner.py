@@ -39,8 +39,7 @@ from initpipe import PhaseOrderError
 from ..contract.declare import vllm_uses
 from ..errors import UnsupportedRunnerError
 from ..v1.types import InputBatchGeometry, RunnerSettings
-from ..vllm_names import PLATFORM as _PLATFORM
-from ..vllm_names import V1_RUNNER as _RUNNER
+from ..vllm_names import PLATFORM as _PLATFORM, V1_RUNNER as _RUNNER
 from .adapter import (
     ENTRY_STATES,
     TRACE_MAX_RECORDS,

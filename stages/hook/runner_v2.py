@@ -38,14 +38,15 @@ import attrs
 
 from .. import releases
 from ..contract.declare import vllm_uses
-from ..mrv2 import CATALOG as MRV2_CATALOG
-from ..mrv2 import INITPIPE_INPUTS as MRV2_INPUTS
+from ..mrv2 import CATALOG as MRV2_CATALOG, INITPIPE_INPUTS as MRV2_INPUTS
 from ..mrv2.model_phase import BUILT_AFTER_WEIGHTS
 from ..mrv2.types import RunnerV2Settings
-from ..vllm_names import MODEL_STATE as _MODEL_STATE
-from ..vllm_names import MRV2_RUNNER as _RUNNER
-from ..vllm_names import MRV2_RUNNER_MODULE as _MRV2_LOGGER
-from ..vllm_names import MRV2_TEARDOWN as _TEARDOWN
+from ..vllm_names import (
+    MODEL_STATE as _MODEL_STATE,
+    MRV2_RUNNER as _RUNNER,
+    MRV2_RUNNER_MODULE as _MRV2_LOGGER,
+    MRV2_TEARDOWN as _TEARDOWN,
+)
 from . import adapter
 from .progress import log_phase, phase_spans
 

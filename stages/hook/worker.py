@@ -31,8 +31,7 @@ import attrs
 
 from ..contract.declare import Capability, vllm_uses
 from ..errors import UnsupportedRunnerError
-from ..vllm_names import MRV2_RUNNER, V1_RUNNER
-from ..vllm_names import PLATFORM as _PLATFORM
+from ..vllm_names import MRV2_RUNNER, PLATFORM as _PLATFORM, V1_RUNNER
 from .adapter import RunnerAdapter, pipelined_class, runner_adapters, which_runner
 
 __all__ = [

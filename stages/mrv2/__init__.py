@@ -19,7 +19,9 @@ phase; its ``KVBlockZeroer`` skips no runner-only layer; its KV tensors come fro
 - :mod:`.kv_phase` — ``initialize_kv_cache`` up to the CUDA-graph manager;
 - :mod:`.kv_tensors` — the speculator's attention, ``init_kv_cache``, model-state KV,
   connectors and the KV block zeroer (``_init_kv_zero_meta``);
-- :mod:`.types` — the plain records the stages read instead of runner attributes.
+- :mod:`.types` — the plain records the stages read instead of runner attributes;
+- :mod:`.steps` — the two stock methods the stages stand for, and a ``@stage`` for a step
+  of each (``load_step``, ``kv_step``).
 
 :data:`CATALOG` and :data:`SPEC_CATALOG` declare the two pipelines;
 :mod:`initpipe_vllm.catalogs` builds them per vLLM release. The runner adapter that writes
@@ -37,9 +39,7 @@ from initpipe import REQUIRED, Pipeline
 from .. import catalogs
 from ..catalogs import CatalogDef, build
 from ..releases import DEFAULT_RELEASE
-from . import kv_phase as _kv_phase
-from . import kv_tensors as _kv_tensors
-from . import model_phase as _model_phase
+from . import kv_phase as _kv_phase, kv_tensors as _kv_tensors, model_phase as _model_phase
 
 #: The catalog's external inputs per phase. Start: the runner's constructed parts. Model:
 #: the loaded model and what the weight loading decided. KV: the engine's config and what

@@ -26,16 +26,16 @@ blocks are called whole: ``init_attn_backend``, ``BlockTables``,
 from __future__ import annotations
 
 import copy
-import functools
 from typing import TYPE_CHECKING, Any
 
-from initpipe import KV
-
-from ..catalogs import respec, runner_step
+from ..catalogs import respec
 from ..v1 import kv_phase as _v1_kv_phase
-from ..vllm_names import DRAFT_SPECULATOR as _DRAFT
-from ..vllm_names import MODEL_STATE as _MODEL_STATE
-from ..vllm_names import MRV2_RUNNER as _RUNNER
+from ..vllm_names import (
+    DRAFT_SPECULATOR as _DRAFT,
+    MODEL_STATE as _MODEL_STATE,
+    MRV2_RUNNER as _RUNNER,
+)
+from .steps import kv_step as _kv_step
 from .types import BlockTableGeometry, RunnerV2Settings
 
 if TYPE_CHECKING:
@@ -44,10 +44,6 @@ if TYPE_CHECKING:
 
 #: The vLLM module and method the stages below call into (MRv2's runner, speculator and
 #: model state come from :mod:`initpipe_vllm.vllm_names`).
-#: The stock method the stages here mirror.
-_INIT_KV = f"{_RUNNER}.initialize_kv_cache"
-#: ``@stage`` for a step of it: ``_kv_step(*calls, **stage_options)``.
-_kv_step = functools.partial(runner_step, KV, _INIT_KV)
 _ATTN = "vllm.v1.worker.gpu.attn_utils"
 _JIT_ACTIVATE = "vllm.model_executor.warmup.jit_warmup:JitWarmupRegistry.activate"
 

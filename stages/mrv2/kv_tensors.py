@@ -19,7 +19,6 @@ runner's own references are dropped by the adapter. Each stage declares what it 
 
 from __future__ import annotations
 
-import functools
 import itertools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -28,9 +27,12 @@ from initpipe import KV, stage
 
 from ..catalogs import runner_step
 from ..v1.kv_tensors import disarm_zeroer
-from ..vllm_names import DRAFT_SPECULATOR as _DRAFT
-from ..vllm_names import MRV2_RUNNER as _RUNNER
-from ..vllm_names import MRV2_TEARDOWN as _TEARDOWN
+from ..vllm_names import (
+    DRAFT_SPECULATOR as _DRAFT,
+    MRV2_RUNNER as _RUNNER,
+    MRV2_TEARDOWN as _TEARDOWN,
+)
+from .steps import INIT_KV as _INIT_KV, kv_step as _kv_step
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -39,10 +41,6 @@ if TYPE_CHECKING:
 #: vLLM names only this module declares (MRv2's runner, whose ``initialize_kv_cache`` /
 #: ``_init_kv_zero_meta`` the stages replace, and ``_TEARDOWN``, whose pieces the teardowns
 #: reproduce, come from :mod:`initpipe_vllm.vllm_names`).
-#: The stock method the stages here mirror.
-_INIT_KV = f"{_RUNNER}.initialize_kv_cache"
-#: ``@stage`` for a step of it: ``_kv_step(*calls, **stage_options)``.
-_kv_step = functools.partial(runner_step, KV, _INIT_KV)
 _MAMBA_STATE = "vllm.v1.worker.gpu.model_states.mamba_hybrid:MambaHybridModelState"
 _ZEROER = "vllm.v1.worker.utils:KVBlockZeroer"
 _FORWARD_CONTEXT = "vllm.config.compilation:CompilationConfig.static_forward_context"

@@ -24,7 +24,6 @@ No torch or vllm import at module import time.
 
 from __future__ import annotations
 
-import functools
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -32,9 +31,8 @@ from initpipe import MODEL, stage
 
 from ..catalogs import runner_step
 from ..errors import ModelPhaseError
-from ..vllm_names import MODEL_STATE as _MODEL_STATE
-from ..vllm_names import MRV2_RUNNER as _RUNNER
-from ..vllm_names import MRV2_RUNNER_MODULE
+from ..vllm_names import MODEL_STATE as _MODEL_STATE, MRV2_RUNNER as _RUNNER, MRV2_RUNNER_MODULE
+from .steps import LOAD_MODEL as _LOAD, load_step as _load_step
 from .types import RunnerV2Settings
 
 if TYPE_CHECKING:
@@ -58,10 +56,7 @@ __all__ = [
     "structured_outputs_worker",
 ]
 
-#: The stock method every stage here mirrors (but ``kv_cache_spec``).
-_LOAD = f"{_RUNNER}.load_model"
-#: ``@stage`` for a step of it: ``_load_step(*calls, **stage_options)``.
-_load_step = functools.partial(runner_step, MODEL, _LOAD)
+#: The stock method every stage here mirrors (but ``kv_cache_spec``) is ``_LOAD``.
 
 #: Objects stock MRv2's ``load_model`` builds after the weights and the model state, in its
 #: order, each kept as the runner attribute of the same name.

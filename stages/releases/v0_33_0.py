@@ -37,14 +37,14 @@ import attrs
 
 from initpipe import KV, MODEL, Extension, get_spec, stage
 
-from ..mrv2 import INITPIPE_INPUTS as _MRV2_INPUTS
-from ..mrv2 import kv_phase as _mrv2_kv
-from ..mrv2 import model_phase as _mrv2_model
+from ..mrv2 import INITPIPE_INPUTS as _MRV2_INPUTS, kv_phase as _mrv2_kv, model_phase as _mrv2_model
 from ..mrv2.types import BlockTableGeometry, RunnerV2Settings
 from ..v1 import model_phase as _v1_model
-from ..vllm_names import DRAFT_SPECULATOR as _DRAFT
-from ..vllm_names import MODEL_STATE as _MODEL_STATE
-from ..vllm_names import MRV2_RUNNER as _MRV2
+from ..vllm_names import (
+    DRAFT_SPECULATOR as _DRAFT,
+    MODEL_STATE as _MODEL_STATE,
+    MRV2_RUNNER as _MRV2,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

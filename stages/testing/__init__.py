@@ -27,24 +27,9 @@ Fault injection into a run lives in :mod:`initpipe.testing` (the core's test fac
 
 from __future__ import annotations
 
-from .builders import (
-    MODELS,
-    build_runner,
-    ensure_distributed,
-    installed_catalog,
-    model_dir,
-    plan_kv_cache_config,
-    tiny_vllm_config,
-)
+from . import builders
+from .builders import *  # noqa: F403 -- engine-less runners and configs (builders.__all__)
 from .weights import seeded_model
 
-__all__ = [
-    "MODELS",
-    "build_runner",
-    "ensure_distributed",
-    "installed_catalog",
-    "model_dir",
-    "plan_kv_cache_config",
-    "seeded_model",
-    "tiny_vllm_config",
-]
+__all__ = ["seeded_model"]
+__all__ += builders.__all__

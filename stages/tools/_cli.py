@@ -21,6 +21,15 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def command_parser(doc: str | None) -> Parser:
+    """A command's parser, named and described by its module docstring's first line
+    (```initpipe plan``: what a vLLM worker would allocate ...``): the help says what the
+    reference says, written once."""
+    prog, _, what = (doc or "").strip().splitlines()[0].partition(": ")
+    what = what.replace("``", "")
+    return Parser(prog=prog.strip("`"), description=what[:1].upper() + what[1:])
+
+
 def add_model_runner(parser: argparse.ArgumentParser) -> None:
     """``--model-runner auto|v1|v2``: the runner vLLM builds (``run`` and ``startup``)."""
     parser.add_argument(

@@ -22,7 +22,7 @@ from ..contract.lock import LockError, build, write
 from ..contract.report import Entry, Report, compare
 from ..contract.source import open_source
 from ..errors import VllmSourceError
-from ._cli import Parser, UsageError
+from ._cli import UsageError, command_parser
 
 __all__ = ["TITLES", "build_parser", "main", "render"]
 
@@ -40,12 +40,7 @@ assert set(TITLES) == set(CAPABILITIES)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(
-        prog="initpipe doctor",
-        description="Check a vLLM against the vLLM code initpipe mirrors and calls: per "
-        "capability, every declared vLLM function is identical, changed, moved, ambiguous, "
-        "missing or unknown compared with the releases initpipe has locked.",
-    )
+    p = command_parser(__doc__)
     p.add_argument(
         "--source",
         metavar="PATH",

@@ -1,4 +1,4 @@
-"""``initpipe plan``: what a vLLM worker would allocate for a model, planned on ``meta``.
+"""``initpipe plan``: what a vLLM worker would allocate for a model, planned on the meta device.
 
 What belongs here: building a model from its ``config.json`` on ``torch.device("meta")``
 (no weights, no KV memory) and running a *planning pipeline* over it — the catalog's own
@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import os
 import re
 import sys
@@ -75,7 +76,7 @@ from ..contract.declare import vllm_uses
 from ..contract.report import installed_release
 from ..hook.adapter import runner_adapter, runner_adapters
 from ..releases import DEFAULT_RELEASE
-from ._cli import Parser, UsageError
+from ._cli import UsageError, command_parser
 from .plan_meta import (
     ASSUMED_CAPABILITY,
     engine_config,
@@ -596,12 +597,7 @@ def _positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(
-        prog="initpipe plan",
-        description="What a vLLM worker would allocate for a "
-        "model (KV shapes, dtypes, bytes, groups, builders), planned on the meta "
-        "device with no GPU and no weights.",
-    )
+    p = command_parser(__doc__)
     p.add_argument("--model", required=True, help="folder with the model's config.json")
     size = p.add_mutually_exclusive_group(required=True)
     size.add_argument("--num-blocks", type=_positive, help="number of KV blocks")
@@ -663,23 +659,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         with contextlib.redirect_stdout(sys.stderr):
+            # the CLI's options are plan()'s keyword arguments, by name
+            options = {
+                name: getattr(args, name)
+                for name in inspect.signature(plan).parameters
+                if name not in ("model_dir", "pp_rank")
+            }
             results = [
-                plan(
-                    args.model,
-                    args.num_blocks,
-                    args.kv_bytes,
-                    args.backend,
-                    dtype=args.dtype,
-                    max_model_len=args.max_model_len,
-                    max_num_seqs=args.max_num_seqs,
-                    max_num_batched_tokens=args.max_num_batched_tokens,
-                    block_size=args.block_size,
-                    kv_cache_dtype=args.kv_cache_dtype,
-                    tensor_parallel_size=args.tensor_parallel_size,
-                    pipeline_parallel_size=args.pipeline_parallel_size,
-                    pp_rank=rank,
-                    model_runner=args.model_runner,
-                )
+                plan(args.model, **options, pp_rank=rank)
                 for rank in range(args.pipeline_parallel_size)
             ]
     except Exception as err:  # every failure is reported in one line, with its cause

@@ -40,7 +40,7 @@ from typing import Any
 from ..errors import InitpipeVllmError
 from ..hook import PIPELINED_WORKER
 from ..testing.server import health
-from ._cli import Parser, UsageError, add_model_runner
+from ._cli import Parser, UsageError, add_model_runner, command_parser
 from .otlp import Receiver, ReceiverError, Span, read, to_json
 from .run import DEFAULT_MODEL
 from .startup_compare import DEFAULT_MIN_S, DEFAULT_RATIO, ONLY, compare
@@ -58,11 +58,7 @@ _POLL_S = 0.02
 
 
 def build_parser() -> Parser:
-    p = Parser(
-        prog="initpipe startup",
-        description="Where a whole vLLM start spends its time: vLLM's own spans, initpipe's "
-        "stages and initpipe's named intervals, per process, on one clock.",
-    )
+    p = command_parser(__doc__)
     sub = p.add_subparsers(dest="command", metavar="{run,report}")
     sub.required = True
     run = sub.add_parser(

@@ -62,8 +62,7 @@ from typing import Any
 import attrs
 
 from ..contract.declare import vllm_uses
-from ..hook.probes import PROBES
-from ..hook.probes import SCOPE as PROBE_SCOPE
+from ..hook.probes import PROBES, SCOPE as PROBE_SCOPE
 from .otlp import Span
 
 __all__ = [

@@ -8,8 +8,7 @@ import sys
 import textwrap
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from initpipe import Pipeline
 from initpipe._stage import make_spec

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from initpipe_vllm.errors import KVCacheConfigError
-from initpipe_vllm.v1 import kv_phase as kp
-from initpipe_vllm.v1 import kv_tensors as kt
+from initpipe_vllm.v1 import kv_phase as kp, kv_tensors as kt
 from initpipe_vllm.v1.types import InputBatchGeometry, RunnerSettings
 
 

@@ -45,10 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from refit_kit import core as _core
-from refit_kit import digests as _digests
-from refit_kit import outputs as _outputs
-from refit_kit import stock_engine
+from refit_kit import core as _core, digests as _digests, outputs as _outputs, stock_engine
 
 BLOCKS = 40  # MLA's 512 tokens need 32 blocks of 16
 MODELS = Path(__file__).resolve().parents[2] / "stages" / "models"

@@ -30,10 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from refit_kit import core as _core
-from refit_kit import default_prompts, stock_engine
-from refit_kit import digests as _digests
-from refit_kit import outputs as _outputs
+from refit_kit import (
+    core as _core,
+    default_prompts,
+    digests as _digests,
+    outputs as _outputs,
+    stock_engine,
+)
 from requires import installed
 
 installed("gguf", "gguf comes with the dev extra")

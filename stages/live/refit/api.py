@@ -29,8 +29,7 @@ from ..frontend import (
     query,
     query_async,
 )
-from .engine import REFIT_UTILITY, WEIGHTS_UTILITY
-from .engine import refused as _refused
+from .engine import REFIT_UTILITY, WEIGHTS_UTILITY, refused as _refused
 from .probe import Probe
 from .receipt import RefitReceipt, WeightsInfo
 

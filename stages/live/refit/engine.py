@@ -130,16 +130,17 @@ def info(core: Any) -> WeightsInfo:
     """The engine's weights now."""
     st, ws = engine_state(core), weights_state(core)
     state = "busy" if st.busy else st.state
+    # what the state keeps that the info publishes, by field name
+    published = attrs.asdict(ws, recurse=False, filter=lambda field, _: field.name in _PUBLISHED)
     return WeightsInfo(
         state=state,  # type: ignore[arg-type]
         version=weights_version(core),
-        digests=ws.digests,
-        refits=ws.refits,
-        failures=ws.failures,
-        last_refit_s=ws.last_refit_s,
         failure=st.failure,
-        last_receipt=ws.last_receipt,
+        **published,
     )
+
+
+_PUBLISHED = frozenset(field.name for field in attrs.fields(WeightsInfo))
 
 
 # -- the context ----------------------------------------------------------------------------

@@ -406,16 +406,10 @@ def rank_verify(wrapper: Any) -> dict[str, Any]:
                 + "; ".join(shown)
                 + (f"; and {more} more" if more > 0 else "")
             )
+        counts = attrs.asdict(found, filter=lambda field, _: field.name != "problems")
         return RankVerify(
             rank=rank,
-            parameters=found.parameters,
-            written=found.written,
-            tied=found.tied,
-            modules=found.modules,
-            ties=found.ties,
-            tensors_compared=found.tensors_compared,
-            bytes_compared=found.bytes_compared,
-            kernels=found.kernels,
+            **counts,
             repaired=dict(log.repaired),
             seconds=time.perf_counter() - start,
         ).to_dict()
