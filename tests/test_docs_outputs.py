@@ -30,6 +30,8 @@ from requires import installed
 TEST = "tests/test_docs_outputs.py"
 ELLIPSIS = "..."
 _MASKS = (
+    # pytest adds "(h:mm:ss)" to its summary past a minute: the lines are the same at any speed
+    (re.compile(r"(?<=\ds) \(\d+:\d\d:\d\d\)"), ""),
     (re.compile(r"(?<![\w.])/[\w./-]+"), "<path>"),
     (re.compile(r"sha256:[0-9a-f]{64}"), "<digest>"),
     (re.compile(r"\d+(\.\d+)?(e[-+]?\d+)?"), "N"),
@@ -93,6 +95,7 @@ def test_mask_keeps_words_and_hides_numbers() -> None:
     assert mask("a 2/3 split, -> and kv_cache/x") == ["a N/N split, -> and kv_cache/x"]
     assert mask("  load (weights)     877.8 ms") == mask("  load (weights)    1004.9 ms")
     assert mask("  indented") == ["  indented"]
+    assert mask("2 passed in 71.60s (0:01:11)") == mask("2 passed in 7.31s")
 
 
 def test_an_ellipsis_line_stands_for_any_lines_and_nothing_else_does() -> None:
