@@ -32,6 +32,8 @@ from initpipe import MODEL, stage
 from ..catalogs import runner_step
 from ..errors import ModelPhaseError
 from ..vllm_names import MODEL_STATE as _MODEL_STATE, MRV2_RUNNER as _RUNNER, MRV2_RUNNER_MODULE
+
+# every stage here but kv_cache_spec is a step of stock MRv2's load_model (_LOAD)
 from .steps import LOAD_MODEL as _LOAD, load_step as _load_step
 from .types import RunnerV2Settings
 
@@ -55,8 +57,6 @@ __all__ = [
     "stock_torch_compile",
     "structured_outputs_worker",
 ]
-
-#: The stock method every stage here mirrors (but ``kv_cache_spec``) is ``_LOAD``.
 
 #: Objects stock MRv2's ``load_model`` builds after the weights and the model state, in its
 #: order, each kept as the runner attribute of the same name.

@@ -126,6 +126,10 @@ def weights_state(core: Any) -> WeightsState:
     return ws
 
 
+#: What :func:`info` copies from the state: the fields the two records share.
+_PUBLISHED = frozenset(field.name for field in attrs.fields(WeightsInfo))
+
+
 def info(core: Any) -> WeightsInfo:
     """The engine's weights now."""
     st, ws = engine_state(core), weights_state(core)
@@ -138,9 +142,6 @@ def info(core: Any) -> WeightsInfo:
         failure=st.failure,
         **published,
     )
-
-
-_PUBLISHED = frozenset(field.name for field in attrs.fields(WeightsInfo))
 
 
 # -- the context ----------------------------------------------------------------------------
