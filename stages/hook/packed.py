@@ -8,11 +8,13 @@ or zentorch: ``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)``) and l
 empty parameter behind; the packed copy is opaque (a oneDNN handle). A digest of the
 model's parameters would then skip every linear layer. So while a load runs, each such
 weight's bytes are hashed just before vLLM packs them, and the digest reads the record.
-Nothing else changes: the hash is queued on a small thread pool (it overlaps the rest of
-the load; the digest waits for it), then vLLM's own function runs as it would.
+Nothing else changes: vLLM's own function then runs as it would. The hash is taken at once,
+on the loading thread: a queued hash once read the bytes after the load had moved on and
+written over them (a refit's digest then differed from a fresh engine's on the same weights
+in about half the runs of ``tests/vllm/test_refit.py``).
 
 A layer that keeps its weight (``remove_weight=False``: an embedding, a language-model head)
-is recorded too, hashed at once: its kernel holds a copy of the weight *as it was packed*,
+is recorded too: its kernel holds a copy of the weight *as it was packed*,
 and a tied head whose weight changed under it without being packed again (vLLM's layerwise
 reload skips it) computes with the old copy. The digest lists that record beside the
 weight, so it covers what the kernel computes with.
@@ -25,21 +27,17 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import threading
 import weakref
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ..contract.declare import vllm_uses
 
 __all__ = ["packed_weight_hash", "recording_packed_weights", "tensor_hash"]
 
-#: layer -> the hash of the weight vLLM packed away (dtype, shape and bytes), computed on a
-#: thread pool while the load goes on (``hashlib`` releases the GIL)
-_PACKED: weakref.WeakKeyDictionary[Any, Future[str]] = weakref.WeakKeyDictionary()
-_POOL: ThreadPoolExecutor | None = None
+#: layer -> the hash of the weight vLLM packed (dtype, shape and bytes), as it was packed
+_PACKED: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 _DEPTH = 0
 
@@ -55,17 +53,8 @@ def tensor_hash(t: Any) -> str:
 
 
 def packed_weight_hash(layer: Any) -> str | None:
-    """What :func:`recording_packed_weights` recorded for ``layer`` (None: nothing); waits
-    for the hash if it is still being computed."""
-    found = _PACKED.get(layer)
-    return None if found is None else found.result()
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1))
-    return _POOL
+    """What :func:`recording_packed_weights` recorded for ``layer`` (None: nothing)."""
+    return _PACKED.get(layer)
 
 
 @vllm_uses(
@@ -92,15 +81,8 @@ def recording_packed_weights() -> Iterator[None]:
             def recording(layer: Any, remove_weight: bool) -> None:
                 weight = getattr(layer, "weight", None)
                 if weight is not None and not weight.is_meta:
-                    if remove_weight:
-                        # the pool holds the tensor until it is hashed; vLLM drops it
-                        _PACKED[layer] = _pool().submit(tensor_hash, weight.detach())
-                    else:
-                        # the weight stays and may change in place (a reload): hash the
-                        # bytes packed now, not later
-                        done: Future[str] = Future()
-                        done.set_result(tensor_hash(weight.detach()))
-                        _PACKED[layer] = done
+                    # the bytes packed now: the load may write over them right after
+                    _PACKED[layer] = tensor_hash(weight.detach())
                 original(layer, remove_weight)
 
             recording.__wrapped__ = original  # type: ignore[attr-defined]
