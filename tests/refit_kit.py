@@ -8,7 +8,15 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["core", "default_prompts", "digests", "outputs", "stock_engine"]
+__all__ = [
+    "core",
+    "default_prompts",
+    "differing",
+    "digests",
+    "hashes",
+    "outputs",
+    "stock_engine",
+]
 
 
 def core(llm: Any) -> Any:
@@ -28,6 +36,30 @@ def digests(llm: Any) -> list[str]:
     from initpipe_vllm.live.refit.weights import rank_digest
 
     return [a["digest"] for a in llm.collective_rpc(rank_digest)]
+
+
+def _rank_hashes(wrapper: Any) -> dict[str, str]:
+    from initpipe_vllm.live.core.rank import worker_of
+    from initpipe_vllm.live.refit.weights import weights_hashes
+
+    worker, _ = worker_of(wrapper)
+    return weights_hashes(worker.model_runner.get_model())[0]
+
+
+def hashes(llm: Any) -> list[dict[str, str]]:
+    """Each rank's tensor name -> hash, what its digest is made of (to name a difference)."""
+    return list(llm.collective_rpc(_rank_hashes))
+
+
+def differing(got: list[dict[str, str]], want: list[dict[str, str]]) -> str:
+    """The tensors whose hashes differ between two :func:`hashes` records, one line each
+    (an assertion's message: which tensor a digest mismatch comes from)."""
+    lines = []
+    for rank, (g, w) in enumerate(zip(got, want, strict=True)):
+        for name in sorted(set(g) | set(w)):
+            if g.get(name) != w.get(name):
+                lines.append(f"rank {rank} {name}: {g.get(name)} != {w.get(name)}")
+    return "\n".join(lines) or "no tensor differs"
 
 
 def default_prompts(llm: Any) -> list[list[int]]:

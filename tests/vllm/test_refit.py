@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from refit_kit import default_prompts
+from refit_kit import default_prompts, differing, hashes as _hashes
 
 SMALL, LARGE = 24, 40
 MODEL = Path(__file__).resolve().parents[2] / "stages" / "models" / "tiny-llama"
@@ -154,6 +154,7 @@ def _fresh(folder: Path, extra: dict[str, Any], blocks: int) -> dict[str, Any]:
         out = {
             "runner_classes": runner_classes(llm),
             "digests": _digests(llm),
+            "hashes": _hashes(llm),
             "outputs": _outputs(llm),
             **_state(llm),
         }
@@ -360,13 +361,14 @@ def _engine_under_test(a: Path, b: Path, extra: dict[str, Any], spy: Any, tmp: P
     llm = LLM(**kwargs)
     rec: dict[str, Any] = {"runner_classes": runner_classes(llm)}
     params_at_start = _param_storages(llm)
-    rec["start"] = {"outputs": _outputs(llm), "digests": _digests(llm)}
+    rec["start"] = {"outputs": _outputs(llm), "digests": _digests(llm), "hashes": _hashes(llm)}
 
     def checkpoint(name: str, receipt: Any, **more: Any) -> None:
         rec[name] = {
             "receipt": receipt.to_dict(),
             "info": ip.weights_info(llm).to_dict(),
             "digests": _digests(llm),
+            "hashes": _hashes(llm),
             "outputs": _outputs(llm),
             **_state(llm),
             **more,
@@ -445,6 +447,7 @@ def _engine_under_test(a: Path, b: Path, extra: dict[str, Any], spy: Any, tmp: P
             "receipt": retry.to_dict(),
             "outputs": _outputs(llm),
             "digests": _digests(llm),
+            "hashes": _hashes(llm),
             "weights": "b" if target == b else "a",
         }
         faults.append(res)
@@ -540,7 +543,8 @@ def test_a_refitted_engine_is_a_fresh_engine_started_with_the_new_weights(
 ) -> None:
     got, fresh = result["engine"][checkpoint], _fresh_for(result, weights, blocks)
     assert got["outputs"] == fresh["outputs"]  # tokens, logprobs, cached tokens
-    assert got["digests"] == fresh["digests"] == list(got["receipt"]["digests"])
+    assert got["digests"] == fresh["digests"], differing(got["hashes"], fresh["hashes"])
+    assert got["digests"] == list(got["receipt"]["digests"])
     assert got["runner"] == fresh["runner"]
     assert got["scheduler"] == fresh["scheduler"]
     assert got["receipt"]["blocks_after"] == blocks
@@ -709,7 +713,10 @@ def test_a_fault_at_any_step_fails_closed_and_a_retry_succeeds(result: Any) -> N
         retry = res["retry"]
         fresh = _fresh_for(result, retry["weights"])
         assert retry["outputs"] == fresh["outputs"], step
-        assert retry["digests"] == fresh["digests"], step
+        assert retry["digests"] == fresh["digests"], (
+            step,
+            differing(retry["hashes"], fresh["hashes"]),
+        )
 
 
 def test_twenty_alternating_refits_equal_fresh_engines_and_leak_nothing(result: Any) -> None:

@@ -45,7 +45,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from refit_kit import core as _core, digests as _digests, outputs as _outputs, stock_engine
+from refit_kit import (
+    core as _core,
+    differing,
+    digests as _digests,
+    hashes as _hashes,
+    outputs as _outputs,
+    stock_engine,
+)
 
 BLOCKS = 40  # MLA's 512 tokens need 32 blocks of 16
 MODELS = Path(__file__).resolve().parents[2] / "stages" / "models"
@@ -111,7 +118,12 @@ def _stock_at(folder: Path) -> Any:
 
 def _fresh(folder: Path) -> dict[str, Any]:
     with _stock_at(folder) as llm:
-        return {"outputs": _outputs(llm), "digests": _digests(llm), **_state(llm)}
+        return {
+            "outputs": _outputs(llm),
+            "digests": _digests(llm),
+            "hashes": _hashes(llm),
+            **_state(llm),
+        }
 
 
 def _control(a: Path, b: Path) -> dict[str, Any]:
@@ -213,13 +225,16 @@ def _engine_under_test(a: Path, b: Path, skipped: tuple[str, str], tied: bool) -
     from initpipe_vllm.hook import PIPELINED_WORKER
 
     llm = LLM(**_kwargs(a, worker_cls=PIPELINED_WORKER))
-    rec: dict[str, Any] = {"start": {"outputs": _outputs(llm), "digests": _digests(llm)}}
+    rec: dict[str, Any] = {
+        "start": {"outputs": _outputs(llm), "digests": _digests(llm), "hashes": _hashes(llm)}
+    }
 
     def checkpoint(name: str, receipt: Any) -> None:
         rec[name] = {
             "receipt": receipt.to_dict(),
             "outputs": _outputs(llm),
             "digests": _digests(llm),
+            "hashes": _hashes(llm),
             **_state(llm),
         }
 
@@ -241,6 +256,7 @@ def _engine_under_test(a: Path, b: Path, skipped: tuple[str, str], tied: bool) -
         planted[bug]["retry"] = {
             "outputs": _outputs(llm),
             "digests": _digests(llm),
+            "hashes": _hashes(llm),
             "checks": retry.to_dict()["checks"],
         }
     rec["planted"] = planted
@@ -314,6 +330,14 @@ def test_vllms_own_reload_still_serves_a_stale_tied_head(result: Any) -> None:
     assert control["digests"] != fresh["digests"]
 
 
+def test_the_pipelined_engine_starts_as_a_fresh_stock_engine(result: Any) -> None:
+    """Before any refit: the same tokens and the same digest as stock on A (a digest
+    mismatch after a refit is then the refit's, not the start's)."""
+    start, fresh = result["engine"]["start"], result["fresh_a"]
+    assert start["outputs"] == fresh["outputs"]
+    assert start["digests"] == fresh["digests"], differing(start["hashes"], fresh["hashes"])
+
+
 @pytest.mark.parametrize(
     ("checkpoint", "weights"), [("to_b", "b"), ("to_a", "a"), ("to_b_again", "b")]
 )
@@ -322,7 +346,8 @@ def test_a_refitted_tied_model_is_a_fresh_engine_on_the_new_weights(
 ) -> None:
     got, fresh = result["engine"][checkpoint], result[f"fresh_{weights}"]
     assert got["outputs"] == fresh["outputs"]  # tokens, logprobs, prefix-cache hits
-    assert got["digests"] == fresh["digests"] == list(got["receipt"]["digests"])
+    assert got["digests"] == fresh["digests"], differing(got["hashes"], fresh["hashes"])
+    assert got["digests"] == list(got["receipt"]["digests"])
     assert got["runner"] == fresh["runner"]
     assert got["scheduler"] == fresh["scheduler"]
 
@@ -337,7 +362,7 @@ def test_a_trainers_weights_load_as_a_fresh_load_would(result: Any, checkpoint: 
     assert eng[f"to_a_for_{checkpoint}"]["outputs"] == result["fresh_a"]["outputs"]
     got, fresh = eng[checkpoint], result["fresh_b"]
     assert got["outputs"] == fresh["outputs"]
-    assert got["digests"] == fresh["digests"]
+    assert got["digests"] == fresh["digests"], differing(got["hashes"], fresh["hashes"])
     assert got["runner"] == fresh["runner"]
     weights = got["receipt"]["weights"]
     if checkpoint == "fp64":
@@ -405,7 +430,10 @@ def test_each_planted_bug_fails_the_refit_closed_naming_it(result: Any, bug: str
         assert words in err["message"], err["message"]
     # the retry repairs the engine: equal to a fresh engine on A
     assert got["retry"]["outputs"] == result["fresh_a"]["outputs"]
-    assert got["retry"]["digests"] == result["fresh_a"]["digests"]
+    fresh = result["fresh_a"]
+    assert got["retry"]["digests"] == fresh["digests"], differing(
+        got["retry"]["hashes"], fresh["hashes"]
+    )
 
 
 if __name__ == "__main__":

@@ -417,16 +417,15 @@ def rank_verify(wrapper: Any) -> dict[str, Any]:
         return failure_of(rank, err, "verify").to_dict()
 
 
-def weights_digest(model: Any) -> tuple[str, int, int]:
-    """``sha256:<hex>`` over every parameter and buffer of ``model`` in name order (each
-    one's name and the sha256 of its dtype, shape and bytes), the number of tensors and the
-    bytes hashed. A weight vLLM's CPU kernels packed away (an empty parameter) counts with
-    the hash recorded as it was packed (:mod:`~initpipe_vllm.hook.packed`); one packed with
-    no record raises (the digest would not cover it). A layer whose kernel packed a copy and
-    kept its weight (an embedding, a head) counts twice: the weight, and the copy's record
-    as ``<name><packed>`` (a head left on an old copy has another digest). Tensors are
-    hashed on a thread pool (``hashlib`` releases the GIL); a tensor off the CPU is copied to
-    it first."""
+def weights_hashes(model: Any) -> tuple[dict[str, str], int]:
+    """Each parameter and buffer of ``model`` by name -> the sha256 of its dtype, shape and
+    bytes, and the bytes hashed. A weight vLLM's CPU kernels packed away (an empty
+    parameter) counts with the hash recorded as it was packed (:mod:`~initpipe_vllm.hook.packed`,
+    ``packed:<hex>``); one packed with no record raises (the digest would not cover it). A
+    layer whose kernel packed a copy and kept its weight (an embedding, a head) counts twice:
+    the weight, and the copy's record as ``<name><packed>`` (a head left on an old copy has
+    another digest). Tensors are hashed on a thread pool (``hashlib`` releases the GIL); a
+    tensor off the CPU is copied to it first."""
     from concurrent.futures import ThreadPoolExecutor
 
     from ...hook.packed import packed_weight_hash, tensor_hash
@@ -458,6 +457,13 @@ def weights_digest(model: Any) -> tuple[str, int, int]:
                 hashes[f"{full}<packed>"] = f"packed:{packed}"
         for full, future in pending.items():
             hashes[full] = future.result()
+    return hashes, hashed
+
+
+def weights_digest(model: Any) -> tuple[str, int, int]:
+    """``sha256:<hex>`` over :func:`weights_hashes` in name order (each tensor's name and
+    hash), the number of tensors and the bytes hashed."""
+    hashes, hashed = weights_hashes(model)
     h = hashlib.sha256()
     for full in sorted(hashes):
         h.update(f"{full}\0{hashes[full]}\0".encode())
