@@ -34,7 +34,7 @@ from initpipe import Phase, Pipeline, StageSpec, apply_extensions, get_spec, sta
 from initpipe._extensions import enabled_names
 
 from .errors import UnsupportedRunnerError
-from .releases import DEFAULT_RELEASE, inputs, overlays
+from .releases import DEFAULT_RELEASE, inputs, overlays, require_runner
 
 __all__ = [
     "RUNNERS",
@@ -68,11 +68,14 @@ class CatalogDef:
         stages: ``@stage`` functions or specs (:func:`respec`).
         inputs: the external inputs per phase, as ``INITPIPE_INPUTS``
             (``start`` / ``model`` / ``kv_cache_config``).
+        runner: the runner it mirrors (a key of :data:`RUNNERS`): a release without that
+            runner has no such pipeline.
     """
 
     name: str
     stages: tuple[Any, ...]
     inputs: Mapping[str, Any]
+    runner: str = attrs.field(validator=attrs.validators.in_(tuple(RUNNERS)))
 
 
 @functools.cache
@@ -81,9 +84,11 @@ def build(definition: CatalogDef, release: str) -> Pipeline:
     A phase whose inputs the release declares anew (``INPUTS`` of its module) takes them.
 
     Raises:
-        UnsupportedRunnerError: ``release`` is not in ``initpipe_vllm.releases.RELEASES``.
+        UnsupportedRunnerError: ``release`` is not in ``initpipe_vllm.releases.RELEASES``,
+            or it has no runner for this catalog (0.34.0 has no Model Runner V1).
         initpipe.ExtensionError: an overlay breaks the graph (names the release).
     """
+    require_runner(release, definition.runner)
     declared = {**definition.inputs, **inputs(release, definition.name)}
     pipeline = Pipeline(
         definition.stages,
@@ -115,7 +120,8 @@ def base_catalog(*, runner: str = "v1", release: str = DEFAULT_RELEASE) -> Pipel
     """``runner``'s initialization pipeline for vLLM ``release``, without extensions.
 
     Raises:
-        UnsupportedRunnerError: an unknown runner or release (lists the known ones).
+        UnsupportedRunnerError: an unknown runner or release (lists the known ones), or a
+            release without that runner.
     """
     return build(catalog_def(runner), release)
 
@@ -140,7 +146,8 @@ def catalog(
     variants with ``.replace(...)`` / ``.add(...)`` / ``.remove(...)``.
 
     Raises:
-        UnsupportedRunnerError: an unknown runner or release.
+        UnsupportedRunnerError: an unknown runner or release, or a release without that
+            runner.
         initpipe.ExtensionError: an enabled extension is missing or breaks the graph.
     """
     base = base_catalog(runner=runner, release=release)

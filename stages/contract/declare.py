@@ -23,7 +23,10 @@ and the decorated functions from the modules that declare (:func:`use_modules`, 
 reading the package's source, then imported by name, so this layer does not import the
 layers above it; none of them imports vLLM at import time).
 
-Declarations are scoped by vLLM release (:func:`releases`): a declaration applies to every
+Declarations are scoped by vLLM release (:func:`releases`) and by runner
+(:func:`release_runners`): a declaration tied to one runner (``runner="v1"``; every
+declaration of the v1 catalog only, and the v1 catalog's stages) applies only to the
+releases that have that runner, and otherwise a declaration applies to every
 release unless one release's own declaration replaces it — ``@vllm_uses(...,
 release="0.33.0", replaces=("initpipe_vllm.compat:plan_kv_cache_configs",))`` on that
 release's variant, or the release's catalog holding another variant of a stage. Each
@@ -45,6 +48,7 @@ import attrs
 
 __all__ = [
     "CAPABILITIES",
+    "CAPABILITY_RUNNER",
     "KINDS",
     "STAGE_CATALOGS",
     "USE_MODULES",  # noqa: F822  (found on first access, by __getattr__)
@@ -52,6 +56,7 @@ __all__ = [
     "Kind",
     "Use",
     "declarations",
+    "release_runners",
     "releases",
     "use_modules",
     "vllm_uses",
@@ -75,6 +80,16 @@ STAGE_CATALOGS: dict[Capability, tuple[str, ...]] = {
     "plan": ("initpipe_vllm.tools.plan:planning_pipeline",),
 }
 
+#: The capabilities that belong to one runner: their declarations are that runner's, and a
+#: release without the runner has none of them. ``plan`` plans with the v1 catalog.
+CAPABILITY_RUNNER: dict[Capability, str] = {
+    "catalog_v1": "v1",
+    "catalog_mrv2": "mrv2",
+    "plan": "v1",
+}
+#: Every runner a release can have (``initpipe_vllm.catalogs.RUNNERS``' keys).
+_ALL_RUNNERS = ("v1", "mrv2")
+
 _NAME = re.compile(r"^vllm(\.\w+)*:\w+(\.\w+)*$")
 _AFFECTS = re.compile(r"^\w+(\.\w+)*:\w+(\.\w+)*$")
 _ATTR = "__initpipe_vllm_uses__"
@@ -97,6 +112,20 @@ def releases() -> tuple[str, ...]:
             raise
         return _FIRST_RELEASES
     return tuple(module.RELEASES)
+
+
+def release_runners(release: str) -> tuple[str, ...]:
+    """The runners vLLM ``release`` has (``initpipe_vllm.releases.runners``; every runner
+    while that package does not exist or does not know the release)."""
+    try:
+        module = importlib.import_module(f"{_PACKAGE}.releases")
+    except ModuleNotFoundError as err:
+        if err.name != f"{_PACKAGE}.releases":
+            raise
+        return _ALL_RUNNERS
+    if release not in module.RELEASES:
+        return _ALL_RUNNERS
+    return tuple(module.runners(release))
 
 
 def _declares(tree: ast.Module) -> bool:
@@ -170,6 +199,8 @@ class Use:
             whose own declarations do not replace it.
         replaces: the base declarations (their ``affects``) that this release's
             declaration replaces in its release.
+        runner: the runner it belongs to (``"v1"``, ``"mrv2"``): it applies only to the
+            releases that have that runner; None: to every release.
     """
 
     name: str
@@ -178,6 +209,7 @@ class Use:
     affects: str
     release: str | None = None
     replaces: tuple[str, ...] = ()
+    runner: str | None = None
 
 
 def vllm_uses(
@@ -187,6 +219,7 @@ def vllm_uses(
     calls: Sequence[str] = (),
     release: str | None = None,
     replaces: Sequence[str] = (),
+    runner: str | None = None,
 ) -> Callable[[F], F]:
     """Declare what vLLM code the decorated function mirrors and calls.
 
@@ -201,13 +234,22 @@ def vllm_uses(
             None: every release (unless one replaces it).
         replaces: with ``release``: the base declarations (``module:qualname`` of the
             initpipe functions) this variant stands in for in its release.
+        runner: the runner whose code this is (``"v1"``, ``"mrv2"``): declared only for
+            the releases that have it (``use_v2_model_runner``, which exists only where
+            both runners do, is ``runner="v1"``). None: the runner of the capability when
+            ``capability`` is one catalog's (``"catalog_v1"`` -> ``"v1"``), else every
+            release's.
 
     Raises:
         ValueError: a name that is not ``module:qualname`` of a vLLM module, an unknown
-            capability, nothing declared, or ``replaces`` without a ``release``.
+            capability or runner, nothing declared, or ``replaces`` without a ``release``.
     """
     caps = _capabilities(capability)
     declared = {"mirrors": _names(mirrors), "calls": _names(calls)}
+    if runner is not None and runner not in _ALL_RUNNERS:
+        raise ValueError(f"vllm_uses: runner={runner!r}: use one of {_ALL_RUNNERS} or None.")
+    if runner is None and len({CAPABILITY_RUNNER.get(c) for c in caps}) == 1:
+        runner = CAPABILITY_RUNNER.get(caps[0])
     if not any(declared.values()):
         raise ValueError("vllm_uses: declare at least one name in mirrors= or calls=.")
     replaced = tuple(replaces)
@@ -225,7 +267,7 @@ def vllm_uses(
 
     def mark(func: F) -> F:
         setattr(func, _ATTR, (caps, declared))
-        setattr(func, _SCOPE, (release, replaced))
+        setattr(func, _SCOPE, (release, replaced, runner))
         return func
 
     return mark
@@ -247,17 +289,27 @@ def _stage_uses(capability: Capability, factory: str, release: str) -> list[Use]
     for name, spec in pipeline.specs.items():
         for kind in KINDS:
             for vllm_name in _names(spec.meta.get(kind, ())):
-                out.append(Use(vllm_name, kind, (capability,), f"{pipeline.name}:{name}"))
+                out.append(
+                    Use(
+                        vllm_name,
+                        kind,
+                        (capability,),
+                        f"{pipeline.name}:{name}",
+                        runner=CAPABILITY_RUNNER.get(capability),
+                    )
+                )
     return out
 
 
 def _uses_of(func: Any) -> list[Use]:
     """The declarations :func:`vllm_uses` put on ``func``."""
     caps, declared = getattr(func, _ATTR)
-    release, replaces = getattr(func, _SCOPE, (None, ()))
+    release, replaces, runner = getattr(func, _SCOPE, (None, (), None))
     where = f"{func.__module__}:{func.__qualname__}"
     return [
-        Use(name, kind, caps, where, release, replaces) for kind in KINDS for name in declared[kind]
+        Use(name, kind, caps, where, release, replaces, runner)
+        for kind in KINDS
+        for name in declared[kind]
     ]
 
 
@@ -279,7 +331,8 @@ def _functions(module: Any) -> list[Any]:
 
 def _scoped(uses: Sequence[Use], release: str) -> list[Use]:
     """``uses`` as they apply to ``release``: its own declarations and every base one
-    they do not replace.
+    they do not replace, less those of a runner the release does not have (and less the
+    capabilities of that runner in a declaration shared with others).
 
     Raises:
         ValueError: a declaration for a release initpipe has no module for, or one
@@ -307,9 +360,21 @@ def _scoped(uses: Sequence[Use], release: str) -> list[Use]:
             f"release {release}: replaces= names no base declaration: {', '.join(dangling)}; "
             "name the replaced function as its module:qualname."
         )
-    return [
-        u for u in uses if u.release == release or (u.release is None and u.affects not in replaced)
-    ]
+    has = release_runners(release)
+    gone = {c for c, r in CAPABILITY_RUNNER.items() if r not in has}
+    out = []
+    for u in uses:
+        if u.runner is not None and u.runner not in has:
+            continue
+        if not (u.release == release or (u.release is None and u.affects not in replaced)):
+            continue
+        if gone & set(u.capabilities):  # shared with a capability this release lacks
+            caps = tuple(c for c in u.capabilities if c not in gone)
+            if not caps:
+                continue
+            u = attrs.evolve(u, capabilities=caps)
+        out.append(u)
+    return out
 
 
 @functools.cache
@@ -326,7 +391,10 @@ def declarations(
     found: set[Use] = set()
     for scope in releases() if release is None else (release,):
         uses: list[Use] = []
+        has = release_runners(scope)
         for cap in caps:
+            if CAPABILITY_RUNNER.get(cap, has[0]) not in has:
+                continue  # no such runner in this release: no such catalog
             for factory in STAGE_CATALOGS.get(cap, ()):
                 uses.extend(_stage_uses(cap, factory, scope))
         for module_name in use_modules():

@@ -11,7 +11,9 @@ Statuses: ``identical`` (same digest as the lock), ``changed`` (found, different
 ``moved`` (gone from its module, found in another with an equal or near-equal digest),
 ``ambiguous`` (gone, several candidates elsewhere), ``missing`` (gone, nowhere like it) and
 ``unknown`` (only knowable at run time, or not in the lock). A capability is ``ok`` only
-when every name it depends on is ``identical`` to one and the same locked release.
+when every name it depends on is ``identical`` to one and the same locked release, and
+``absent`` where the release it is compared with has none of it (a runner the release does
+not have: 0.34.0 has no Model Runner V1, so no v1 catalog).
 """
 
 from __future__ import annotations
@@ -93,7 +95,8 @@ class Report:
         source: where it was read.
         baseline: the lock the statuses are against (the one most capabilities match).
         functions: every declared name, sorted.
-        capabilities: capability -> ``"ok"`` or ``"broken"``.
+        capabilities: capability -> ``"ok"``, ``"broken"`` or ``"absent"`` (not in the
+            release compared with: a runner it does not have).
         seconds: how long the comparison took.
         matched: capability -> the locked release it is identical to; an ok capability
             may match another release than the baseline the statuses are against.
@@ -111,7 +114,7 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return all(v == "ok" for v in self.capabilities.values())
+        return all(v in ("ok", "absent") for v in self.capabilities.values())
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -196,6 +199,9 @@ def _verdicts(
     verdicts = {}
     for cap in caps:
         keys = [k for k, (_, group) in scope.items() if _has(group, cap)]
+        if not keys:
+            verdicts[cap] = "absent"  # the lock's release has none of it
+            continue
         ok = all(statuses[k][0] == "identical" for k in keys)
         verdicts[cap] = "ok" if ok else "broken"
     return verdicts, statuses
@@ -249,7 +255,7 @@ def compare(
                 matched.setdefault(cap, lock.label)
         score = (sum(v == "ok" for v in verdicts.values()), _identical(statuses))
         if best is None or score > best[0]:
-            best = (score, lock, statuses, scope)
+            best = (score, lock, statuses, scope, verdicts)
     entries = []
     shown = comparer.resolved if best is None else best[3]
     for k, (found, group) in shown.items():
@@ -275,10 +281,17 @@ def compare(
         source=source.path,
         baseline=None if best is None else best[1].label,
         functions=tuple(entries),
-        capabilities={c: "ok" if c in matched else "broken" for c in caps},
+        capabilities={c: _capability(c, matched, best) for c in caps},
         matched=matched,
         seconds=time.perf_counter() - start,
     )
+
+
+def _capability(cap: str, matched: Mapping[str, str], best: tuple[Any, ...] | None) -> str:
+    """ok where a lock matched; absent where the best lock's release has none of it."""
+    if cap in matched:
+        return "ok"
+    return "absent" if best is not None and best[4][cap] == "absent" else "broken"
 
 
 def _identical(statuses: Mapping[str, tuple[str, tuple[str, ...], str]]) -> int:

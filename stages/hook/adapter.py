@@ -314,14 +314,17 @@ def installed_adapter(runner: str) -> RunnerAdapter:
     return runner_adapter(runner, release)
 
 
-@vllm_uses(("catalog_v1", "catalog_mrv2"), calls=(f"{_VLLM_CONFIG}.use_v2_model_runner",))
+@vllm_uses(
+    ("catalog_v1", "catalog_mrv2"), calls=(f"{_VLLM_CONFIG}.use_v2_model_runner",), runner="v1"
+)
 def which_runner(subject: Any, release: str = DEFAULT_RELEASE) -> RunnerAdapter:
     """Which vLLM model runner ``subject`` is or will build: its adapter.
 
     The one answer to "v1 or Model Runner V2": for a pipelined runner (or class), its
     adapter; for a stock runner, the adapter whose vLLM class it extends; for a
     ``VllmConfig`` or a worker, vLLM's own decision, ``use_v2_model_runner`` (HiSparse,
-    for which vLLM refuses v1 itself, answers Model Runner V2).
+    for which vLLM refuses v1 itself, answers Model Runner V2). A vLLM without that
+    attribute has no v1 runner to choose (0.34.0 removed it): Model Runner V2.
     """
     cls = subject if isinstance(subject, type) else type(subject)
     adapter = getattr(cls, "initpipe_adapter", None)
@@ -332,7 +335,7 @@ def which_runner(subject: Any, release: str = DEFAULT_RELEASE) -> RunnerAdapter:
         if adapter.stock_runner in names:
             return adapter
     try:
-        v2 = bool(subject.use_v2_model_runner)
+        v2 = bool(getattr(subject, "use_v2_model_runner", True))  # absent: no v1 to pick
     except ValueError:  # HiSparse: vLLM refuses v1 for it itself
         v2 = True
     return runner_adapter("v2" if v2 else "v1", release)

@@ -113,11 +113,14 @@ SPEC_INPUTS = ("vllm_config", "speculator", "runner_settings")
 
 #: The MRv2 catalog as data, and its one-stage ``get_kv_cache_spec`` pipeline: built per
 #: release by :func:`initpipe_vllm.catalogs.build`.
-CATALOG = CatalogDef(name="initpipe_vllm.mrv2", stages=STAGES, inputs=INITPIPE_INPUTS)
+CATALOG = CatalogDef(
+    name="initpipe_vllm.mrv2", stages=STAGES, inputs=INITPIPE_INPUTS, runner="mrv2"
+)
 SPEC_CATALOG = CatalogDef(
     name="initpipe_vllm.mrv2.spec",
     stages=(_model_phase.kv_cache_spec,),
     inputs={"start": SPEC_INPUTS, "model": (), "kv_cache_config": ()},
+    runner="mrv2",
 )
 
 

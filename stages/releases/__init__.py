@@ -17,6 +17,11 @@ two agree). Which release a worker runs is the contract's answer (the lock the i
 vLLM matches), never a comparison of version strings; zero-argument entry points
 (``catalog()``, ``initpipe_vllm:pipeline``) build :data:`DEFAULT_RELEASE`.
 
+Each release module also declares ``RUNNERS``: the catalogs (``"v1"``, ``"mrv2"``, the keys
+of ``catalogs.RUNNERS``) its vLLM has a runner for. 0.34.0 removed Model Runner V1, so a
+release may have fewer: :func:`require_runner` refuses a catalog the release lacks, naming
+the release, and the contract declares a runner's names only for the releases that have it.
+
 The package itself imports no release module (they may import the catalogs' stage
 modules, which sit below them): :func:`release_module` imports one by name.
 """
@@ -40,12 +45,19 @@ __all__ = [
     "module_name",
     "overlays",
     "release_module",
+    "require_runner",
+    "runners",
 ]
 
 #: The vLLM releases with catalogs, oldest first.
 RELEASES: tuple[str, ...] = ("0.32.0", "0.33.0")
 #: The release zero-argument entry points build.
 DEFAULT_RELEASE = "0.32.0"
+#: What each runner is called in a message, and how a user asks for it.
+_RUNNER_NAMES = {
+    "v1": "Model Runner V1 (`--model-runner v1`, VLLM_USE_V2_MODEL_RUNNER=0)",
+    "mrv2": "Model Runner V2 (`--model-runner v2`)",
+}
 
 
 def module_name(release: str) -> str:
@@ -88,3 +100,33 @@ def inputs(release: str, pipeline: str) -> Mapping[str, Any]:
     """
     declared: Mapping[str, Mapping[str, Any]] = getattr(release_module(release), "INPUTS", {})
     return declared.get(pipeline, {})
+
+
+def runners(release: str) -> tuple[str, ...]:
+    """The runners vLLM ``release`` has (``RUNNERS`` of its module): catalog names,
+    ``"v1"`` and ``"mrv2"``.
+
+    Raises:
+        UnsupportedRunnerError: an unknown release.
+    """
+    found: tuple[str, ...] = tuple(release_module(release).RUNNERS)
+    return found
+
+
+def require_runner(release: str, runner: str) -> None:
+    """Refuse a catalog that vLLM ``release`` has no runner for.
+
+    Raises:
+        UnsupportedRunnerError: ``release`` lacks ``runner`` (names the release, the
+            runners it has and how to ask for one), or ``release`` is unknown.
+    """
+    have = runners(release)
+    if runner in have:
+        return
+    name = _RUNNER_NAMES.get(runner, repr(runner))
+    has = ", ".join(_RUNNER_NAMES.get(r, repr(r)) for r in have)
+    elsewhere = ", ".join(r for r in RELEASES if runner in runners(r))
+    raise UnsupportedRunnerError(
+        f"vLLM {release} has no {name}: its runners are {has}. Ask for one of those, or "
+        f"install a vLLM release that has it ({elsewhere})."
+    )

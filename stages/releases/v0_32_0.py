@@ -18,9 +18,11 @@ from __future__ import annotations
 
 from initpipe import Extension
 
-__all__ = ["OVERLAYS", "RELEASE"]
+__all__ = ["OVERLAYS", "RELEASE", "RUNNERS"]
 
 #: The release this module describes (checked against its name and ``RELEASES``).
 RELEASE = "0.32.0"
+#: The runners this release has (catalog names): both.
+RUNNERS = ("v1", "mrv2")
 #: The stage overlays for this release, applied by ``initpipe_vllm.catalogs.build``.
 OVERLAYS: tuple[Extension, ...] = ()

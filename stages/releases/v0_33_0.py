@@ -55,6 +55,7 @@ __all__ = [
     "INPUTS",
     "OVERLAYS",
     "RELEASE",
+    "RUNNERS",
     "adaptive_verification",
     "batch_sharder",
     "block_table_geometry",
@@ -67,6 +68,8 @@ __all__ = [
 
 #: The release this module describes (checked against its name and ``RELEASES``).
 RELEASE = "0.33.0"
+#: The runners this release has (catalog names): both.
+RUNNERS = ("v1", "mrv2")
 
 _KV_INTERFACE = "vllm.v1.kv_cache_interface"
 

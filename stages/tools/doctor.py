@@ -6,7 +6,10 @@ nothing installed, nothing imported) compared with the locks initpipe ships, pri
 capability (or as JSON), and ``--write-lock``, the maintainer's command that records the
 lock of a vLLM release (see the README: "Porting to a new vLLM release").
 
-Exit status: 0 when every capability is ok, 1 when one is broken, 2 on bad input (a path
+A capability the compared release does not have (the v1 catalog and ``plan`` on a release
+without Model Runner V1) is ``absent``: neither ok nor broken, and not a failure.
+
+Exit status: 0 when every capability is ok (or absent), 1 when one is broken, 2 on bad input (a path
 that holds no vLLM, a declaration that does not resolve when writing a lock).
 """
 
@@ -17,7 +20,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from ..contract.declare import CAPABILITIES
+from ..contract.declare import CAPABILITIES, CAPABILITY_RUNNER
 from ..contract.lock import LockError, build, write
 from ..contract.report import Entry, Report, compare
 from ..contract.source import open_source
@@ -78,7 +81,11 @@ def render(report: Report, *, show_all: bool = False) -> str:
     for cap, verdict in report.capabilities.items():
         mine = [e for e in report.functions if cap in e.capabilities]
         bad = [e for e in mine if e.status != "identical"]
-        if verdict != "ok":
+        if verdict == "absent":
+            mine_runner = CAPABILITY_RUNNER[cap]  # type: ignore[index]
+            runner = {"v1": "Model Runner V1", "mrv2": "Model Runner V2"}[mine_runner]
+            head = f"absent: vLLM {report.vllm} has no {runner}"
+        elif verdict != "ok":
             head = f"BROKEN: {len(bad)} of {len(mine)} differ"
         elif report.matched.get(cap, report.baseline) != report.baseline:
             head = (
@@ -90,7 +97,7 @@ def render(report: Report, *, show_all: bool = False) -> str:
         out.append(f"{TITLES[cap]} [{cap}]: {head} ({len(mine)} declared functions)")
         for e in mine if show_all else bad:
             out.extend(_line(e))
-    broken = [c for c, v in report.capabilities.items() if v != "ok"]
+    broken = [c for c, v in report.capabilities.items() if v == "broken"]
     out += ["", f"verdict: {'all ok' if not broken else 'broken: ' + ', '.join(broken)}"]
     return "\n".join(out)
 

@@ -74,8 +74,9 @@ from initpipe import KV, MODEL, Pipeline
 
 from ..contract.declare import vllm_uses
 from ..contract.report import installed_release
+from ..errors import UnsupportedRunnerError
 from ..hook.adapter import runner_adapter, runner_adapters
-from ..releases import DEFAULT_RELEASE
+from ..releases import DEFAULT_RELEASE, RELEASES, runners
 from ._cli import UsageError, command_parser
 from .plan_meta import (
     ASSUMED_CAPABILITY,
@@ -234,9 +235,20 @@ def planning_pipeline(*, release: str = DEFAULT_RELEASE) -> Pipeline:
     The catalog's KV inputs ``kv_cache_config``, ``kv_cache_layout`` and ``max_model_len``
     become outputs of :mod:`.plan_stages`; the KV phase takes ``num_blocks`` or
     ``kv_bytes`` instead, and the start phase adds ``target_platform``.
+
+    Raises:
+        UnsupportedRunnerError: ``release`` has no Model Runner V1 (0.34.0 on): planning
+            with Model Runner V2's catalog is not built yet.
     """
     from .. import catalog
 
+    if "v1" not in runners(release):
+        with_v1 = ", ".join(r for r in RELEASES if "v1" in runners(r))
+        raise UnsupportedRunnerError(
+            f"initpipe plan plans with the v1 catalog, and vLLM {release} has no Model Runner "
+            f"V1; planning with Model Runner V2's catalog is not built yet. Plan against a "
+            f"release that has V1 ({with_v1})."
+        )
     base = catalog(release=release)
     kv_inputs = {k: v for k, v in base.inputs[KV].items() if k not in _KV_FROM_PLAN}
     kv_inputs.update(num_blocks=None, kv_bytes=None)

@@ -110,7 +110,7 @@ STAGES = (
 )
 
 #: The v1 catalog as data: built per release by :func:`initpipe_vllm.catalogs.build`.
-CATALOG = CatalogDef(name="initpipe_vllm", stages=STAGES, inputs=INITPIPE_INPUTS)
+CATALOG = CatalogDef(name="initpipe_vllm", stages=STAGES, inputs=INITPIPE_INPUTS, runner="v1")
 
 __all__ = [
     "CATALOG",

@@ -76,3 +76,34 @@ def test_a_capability_is_ok_against_another_locked_release(make_tree: MakeTree) 
     report = compare(open_source(make_tree(new_files)), USES, [old, new])
     assert report.capabilities == {"catalog_v1": "ok", "serve": "ok"}
     assert set(report.matched) == {"catalog_v1", "serve"}
+
+
+def test_a_capability_of_a_runner_the_release_lacks_is_absent_not_broken(
+    make_tree: MakeTree, monkeypatch
+) -> None:
+    """A release without Model Runner V1 (as 0.34.0): its declarations have no v1 catalog,
+    so against its lock the v1 catalog is ``absent`` (the doctor's verdict stays ok), while
+    against a release that has it, the deleted runner would be ``missing``."""
+    import attrs
+
+    from initpipe_vllm.contract import report as report_module
+    from initpipe_vllm.tools.doctor import render
+
+    files = {**BASE, "vllm/a.py": "def gone():\n    return 1\n"}  # v1's function deleted
+    theirs = USES[1:]  # the release's own declarations: nothing of catalog_v1
+    lock = attrs.evolve(build(open_source(make_tree(files)), theirs), version="99.1.0")
+    monkeypatch.setattr(
+        report_module, "declarations", lambda release=None: USES if release is None else theirs
+    )
+    got = compare(open_source(make_tree(files)), None, [lock])
+    assert got.capabilities == {"catalog_v1": "absent", "serve": "ok"}
+    assert got.ok
+    text = render(got)
+    assert "[catalog_v1]: absent: vLLM" in text and "has no Model Runner V1" in text
+    assert text.endswith("verdict: all ok")
+    old = build(open_source(make_tree(BASE)), USES)
+    monkeypatch.setattr(report_module, "declarations", lambda release=None: USES)
+    assert compare(open_source(make_tree(files)), None, [old]).capabilities == {
+        "catalog_v1": "broken",
+        "serve": "ok",
+    }

@@ -119,6 +119,16 @@ def test_model_runner_v2_on_cpu_is_covered_even_encoder_only(
     assert hook_worker.runner_version(tiny_config) == "v1"
 
 
+def test_a_vllm_without_the_runner_choice_runs_model_runner_v2(hook_worker: Any) -> None:
+    """vLLM 0.34.0 removed Model Runner V1 and with it ``use_v2_model_runner``: a config or
+    worker without the attribute has MRv2 (nothing reads what does not exist)."""
+    from types import SimpleNamespace
+
+    assert not hasattr(SimpleNamespace(), "use_v2_model_runner")
+    assert hook_worker.runner_version(SimpleNamespace()) == "v2"
+    assert hook_worker.runner_version(SimpleNamespace(use_v2_model_runner=False)) == "v1"
+
+
 @pytest.mark.parametrize(("variant", "platform"), [("GPU", "cuda"), ("XPU", "xpu")])
 def test_explicit_gpu_and_xpu_workers_refuse_before_the_stock_worker_starts(
     hook_worker: Any,

@@ -9,7 +9,7 @@ import pytest
 
 import initpipe_vllm
 from initpipe import KV, MODEL, REQUIRED, Extension, Pipeline, get_spec, stage
-from initpipe_vllm import catalog
+from initpipe_vllm import UnsupportedRunnerError, catalog
 
 
 def test_catalog_imports_without_torch_or_vllm() -> None:
@@ -194,7 +194,7 @@ def test_a_release_changes_only_the_stages_its_overlays_name_and_the_inputs_it_d
 
 
 def test_an_unknown_runner_or_release_is_refused_by_name() -> None:
-    from initpipe_vllm import UnsupportedRunnerError, catalogs
+    from initpipe_vllm import catalogs
 
     with pytest.raises(UnsupportedRunnerError, match=r"runner 'v3'.*'v1', 'mrv2'"):
         catalogs.catalog(runner="v3")
@@ -225,6 +225,7 @@ def test_the_registries_list_every_catalog_and_release() -> None:
     for release in releases.RELEASES:
         module = releases.release_module(release)
         assert module.RELEASE == release
+        assert module.RUNNERS and set(module.RUNNERS) <= set(catalogs.RUNNERS), release
         for overlay in module.OVERLAYS:
             assert overlay.applies_to and set(overlay.applies_to) <= names, overlay.name
     assert releases.DEFAULT_RELEASE in releases.RELEASES
@@ -240,6 +241,7 @@ def test_a_release_is_a_module_whose_overlays_change_only_its_catalogs(monkeypat
 
     module = types.ModuleType("initpipe_vllm.releases.v99_0_0")
     module.RELEASE = "99.0.0"
+    module.RUNNERS = ("v1", "mrv2")
     module.OVERLAYS = (
         Extension(
             name="vllm 99.0.0 (v1)",
@@ -259,6 +261,76 @@ def test_a_release_is_a_module_whose_overlays_change_only_its_catalogs(monkeypat
     assert catalogs.catalog(runner="mrv2", release="99.0.0").order == (
         catalogs.catalog(runner="mrv2").order
     )
+
+
+def test_a_release_without_a_runner_has_neither_its_catalog_nor_its_declarations(
+    monkeypatch,
+) -> None:
+    """A release that removed Model Runner V1 (as 0.34.0 did; here a stand-in): asking for
+    the v1 catalog names the release and the runners it has; its MRv2 catalog builds; the
+    contract declares no v1 name for it (the v1 catalog's stages, the declarations only
+    the v1 catalog makes, those marked ``runner="v1"``), and still all of them for 0.32.0."""
+    import sys
+    import types
+
+    from initpipe_vllm import catalogs, releases
+    from initpipe_vllm.contract import declare
+    from initpipe_vllm.mrv2 import base_catalog as mrv2_catalog, spec_pipeline
+    from initpipe_vllm.tools.plan import planning_pipeline
+
+    module = types.ModuleType("initpipe_vllm.releases.v99_1_0")
+    module.RELEASE = "99.1.0"
+    module.RUNNERS = ("mrv2",)
+    module.OVERLAYS = ()
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(releases, "RELEASES", (*releases.RELEASES, "99.1.0"))
+    with pytest.raises(UnsupportedRunnerError) as err:
+        catalogs.catalog(runner="v1", release="99.1.0")
+    message = str(err.value)
+    assert "vLLM 99.1.0 has no Model Runner V1" in message
+    assert "its runners are Model Runner V2" in message
+    assert "0.32.0" in message  # where v1 still is
+    assert mrv2_catalog(release="99.1.0").order == mrv2_catalog().order
+    assert spec_pipeline(release="99.1.0").order == spec_pipeline().order
+
+    declare.declarations.cache_clear()
+    try:
+        new = declare.declarations(release="99.1.0")
+        old = declare.declarations(release="0.32.0")
+    finally:
+        declare.declarations.cache_clear()
+    assert {u.runner for u in new} == {None, "mrv2"}
+    v1_only = {u for u in old if u.runner == "v1"}
+    assert v1_only and not v1_only & set(new)
+    assert {u.affects.partition(":")[0] for u in v1_only if ":" in u.affects} >= {
+        "initpipe_vllm",  # the v1 catalog's stages
+        "initpipe_vllm.hook.runner",  # the v1 adapter's declarations (catalog_v1 only)
+    }
+    assert {u.affects for u in new} == {u.affects for u in old if u.runner != "v1"}
+    shared = [u for u in new if u.affects == "initpipe_vllm.compat:plan_kv_cache_configs"]
+    assert shared and all(u.capabilities == ("resize",) for u in shared)  # plan's is gone
+    assert not any("plan" in u.capabilities for u in new)  # plan plans with the v1 catalog
+    with pytest.raises(UnsupportedRunnerError, match=r"initpipe plan .* 99\.1\.0 has no Model"):
+        planning_pipeline(release="99.1.0")
+
+
+def test_a_declaration_belongs_to_the_runner_of_its_one_catalog() -> None:
+    from initpipe_vllm.contract.declare import vllm_uses
+
+    def uses(**kw):
+        def f() -> None: ...
+
+        return vllm_uses(**kw)(f).__initpipe_vllm_release__[2]
+
+    name = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.load_model"
+    assert uses(capability="catalog_v1", calls=(name,)) == "v1"
+    assert uses(capability="catalog_mrv2", calls=(name,)) == "mrv2"
+    assert uses(capability=("catalog_v1", "catalog_mrv2"), calls=(name,)) is None
+    assert uses(capability=("catalog_v1", "plan"), calls=(name,)) == "v1"  # plan: v1's
+    assert uses(capability=("catalog_v1", "resize"), calls=(name,)) is None
+    assert uses(capability=("catalog_v1", "catalog_mrv2"), calls=(name,), runner="v1") == "v1"
+    with pytest.raises(ValueError, match="runner='v3'"):
+        uses(capability="resize", calls=(name,), runner="v3")
 
 
 @stage(needs="kv_cache_config", provides="reorder_batch_threshold")
