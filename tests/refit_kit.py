@@ -13,9 +13,9 @@ __all__ = [
     "default_prompts",
     "differing",
     "digests",
-    "hashes",
     "outputs",
     "stock_engine",
+    "tensor_hashes",
 ]
 
 
@@ -46,13 +46,13 @@ def _rank_hashes(wrapper: Any) -> dict[str, str]:
     return weights_hashes(worker.model_runner.get_model())[0]
 
 
-def hashes(llm: Any) -> list[dict[str, str]]:
+def tensor_hashes(llm: Any) -> list[dict[str, str]]:
     """Each rank's tensor name -> hash, what its digest is made of (to name a difference)."""
     return list(llm.collective_rpc(_rank_hashes))
 
 
 def differing(got: list[dict[str, str]], want: list[dict[str, str]]) -> str:
-    """The tensors whose hashes differ between two :func:`hashes` records, one line each
+    """The tensors whose hashes differ between two :func:`tensor_hashes` records, one line each
     (an assertion's message: which tensor a digest mismatch comes from)."""
     lines = []
     for rank, (g, w) in enumerate(zip(got, want, strict=True)):

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from refit_kit import default_prompts, differing, hashes as _hashes
+from refit_kit import default_prompts, differing, tensor_hashes
 
 SMALL, LARGE = 24, 40
 MODEL = Path(__file__).resolve().parents[2] / "stages" / "models" / "tiny-llama"
@@ -154,7 +154,7 @@ def _fresh(folder: Path, extra: dict[str, Any], blocks: int) -> dict[str, Any]:
         out = {
             "runner_classes": runner_classes(llm),
             "digests": _digests(llm),
-            "hashes": _hashes(llm),
+            "hashes": tensor_hashes(llm),
             "outputs": _outputs(llm),
             **_state(llm),
         }
@@ -361,14 +361,18 @@ def _engine_under_test(a: Path, b: Path, extra: dict[str, Any], spy: Any, tmp: P
     llm = LLM(**kwargs)
     rec: dict[str, Any] = {"runner_classes": runner_classes(llm)}
     params_at_start = _param_storages(llm)
-    rec["start"] = {"outputs": _outputs(llm), "digests": _digests(llm), "hashes": _hashes(llm)}
+    rec["start"] = {
+        "outputs": _outputs(llm),
+        "digests": _digests(llm),
+        "hashes": tensor_hashes(llm),
+    }
 
     def checkpoint(name: str, receipt: Any, **more: Any) -> None:
         rec[name] = {
             "receipt": receipt.to_dict(),
             "info": ip.weights_info(llm).to_dict(),
             "digests": _digests(llm),
-            "hashes": _hashes(llm),
+            "hashes": tensor_hashes(llm),
             "outputs": _outputs(llm),
             **_state(llm),
             **more,
@@ -447,7 +451,7 @@ def _engine_under_test(a: Path, b: Path, extra: dict[str, Any], spy: Any, tmp: P
             "receipt": retry.to_dict(),
             "outputs": _outputs(llm),
             "digests": _digests(llm),
-            "hashes": _hashes(llm),
+            "hashes": tensor_hashes(llm),
             "weights": "b" if target == b else "a",
         }
         faults.append(res)

@@ -49,9 +49,9 @@ from refit_kit import (
     core as _core,
     differing,
     digests as _digests,
-    hashes as _hashes,
     outputs as _outputs,
     stock_engine,
+    tensor_hashes,
 )
 
 BLOCKS = 40  # MLA's 512 tokens need 32 blocks of 16
@@ -121,7 +121,7 @@ def _fresh(folder: Path) -> dict[str, Any]:
         return {
             "outputs": _outputs(llm),
             "digests": _digests(llm),
-            "hashes": _hashes(llm),
+            "hashes": tensor_hashes(llm),
             **_state(llm),
         }
 
@@ -226,7 +226,7 @@ def _engine_under_test(a: Path, b: Path, skipped: tuple[str, str], tied: bool) -
 
     llm = LLM(**_kwargs(a, worker_cls=PIPELINED_WORKER))
     rec: dict[str, Any] = {
-        "start": {"outputs": _outputs(llm), "digests": _digests(llm), "hashes": _hashes(llm)}
+        "start": {"outputs": _outputs(llm), "digests": _digests(llm), "hashes": tensor_hashes(llm)}
     }
 
     def checkpoint(name: str, receipt: Any) -> None:
@@ -234,7 +234,7 @@ def _engine_under_test(a: Path, b: Path, skipped: tuple[str, str], tied: bool) -
             "receipt": receipt.to_dict(),
             "outputs": _outputs(llm),
             "digests": _digests(llm),
-            "hashes": _hashes(llm),
+            "hashes": tensor_hashes(llm),
             **_state(llm),
         }
 
@@ -256,7 +256,7 @@ def _engine_under_test(a: Path, b: Path, skipped: tuple[str, str], tied: bool) -
         planted[bug]["retry"] = {
             "outputs": _outputs(llm),
             "digests": _digests(llm),
-            "hashes": _hashes(llm),
+            "hashes": tensor_hashes(llm),
             "checks": retry.to_dict()["checks"],
         }
     rec["planted"] = planted
