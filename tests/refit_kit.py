@@ -54,8 +54,8 @@ def tensor_hashes(llm: Any) -> list[dict[str, str]]:
 def differing(got: list[dict[str, str]], want: list[dict[str, str]]) -> str:
     """The tensors whose hashes differ between two :func:`tensor_hashes` records, one line each
     (an assertion's message: which tensor a digest mismatch comes from)."""
-    lines = []
-    for rank, (g, w) in enumerate(zip(got, want, strict=True)):
+    lines = [] if len(got) == len(want) else [f"{len(got)} ranks against {len(want)}"]
+    for rank, (g, w) in enumerate(zip(got, want, strict=False)):
         for name in sorted(set(g) | set(w)):
             if g.get(name) != w.get(name):
                 lines.append(f"rank {rank} {name}: {g.get(name)} != {w.get(name)}")

@@ -50,11 +50,13 @@ __all__ = [
     "CAPABILITIES",
     "CAPABILITY_RUNNER",
     "KINDS",
+    "RUNNER_CLASSES",
     "STAGE_CATALOGS",
     "USE_MODULES",  # noqa: F822  (found on first access, by __getattr__)
     "Capability",
     "Kind",
     "Use",
+    "absent_capabilities",
     "declarations",
     "release_runners",
     "releases",
@@ -89,6 +91,12 @@ CAPABILITY_RUNNER: dict[Capability, str] = {
 }
 #: Every runner a release can have (``initpipe_vllm.catalogs.RUNNERS``' keys).
 _ALL_RUNNERS = ("v1", "mrv2")
+#: The class that is each runner in vLLM: where the installed vLLM has it, the runner's
+#: capabilities are not ``absent`` (the doctor's witness; the catalogs declare it too).
+RUNNER_CLASSES = {
+    "v1": "vllm.v1.worker.gpu_model_runner:GPUModelRunner",
+    "mrv2": "vllm.v1.worker.gpu.model_runner:GPUModelRunner",
+}
 
 _NAME = re.compile(r"^vllm(\.\w+)*:\w+(\.\w+)*$")
 _AFFECTS = re.compile(r"^\w+(\.\w+)*:\w+(\.\w+)*$")
@@ -126,6 +134,13 @@ def release_runners(release: str) -> tuple[str, ...]:
     if release not in module.RELEASES:
         return _ALL_RUNNERS
     return tuple(module.runners(release))
+
+
+def absent_capabilities(release: str) -> frozenset[str]:
+    """The capabilities of the runners vLLM ``release`` does not have (none for 0.32.0 and
+    0.33.0; ``catalog_v1`` and ``plan`` for a release without Model Runner V1)."""
+    has = release_runners(release)
+    return frozenset(c for c, r in CAPABILITY_RUNNER.items() if r not in has)
 
 
 def _declares(tree: ast.Module) -> bool:
@@ -248,6 +263,12 @@ def vllm_uses(
     declared = {"mirrors": _names(mirrors), "calls": _names(calls)}
     if runner is not None and runner not in _ALL_RUNNERS:
         raise ValueError(f"vllm_uses: runner={runner!r}: use one of {_ALL_RUNNERS} or None.")
+    owners = {CAPABILITY_RUNNER.get(c) for c in caps}
+    if runner is not None and None not in owners and runner not in owners:
+        raise ValueError(
+            f"vllm_uses: runner={runner!r} contradicts capability {caps!r}, which belongs to "
+            f"{sorted(o for o in owners if o)}: drop runner= or name a capability of it."
+        )
     if runner is None and len({CAPABILITY_RUNNER.get(c) for c in caps}) == 1:
         runner = CAPABILITY_RUNNER.get(caps[0])
     if not any(declared.values()):
@@ -361,7 +382,7 @@ def _scoped(uses: Sequence[Use], release: str) -> list[Use]:
             "name the replaced function as its module:qualname."
         )
     has = release_runners(release)
-    gone = {c for c, r in CAPABILITY_RUNNER.items() if r not in has}
+    gone = absent_capabilities(release)
     out = []
     for u in uses:
         if u.runner is not None and u.runner not in has:
@@ -391,13 +412,25 @@ def declarations(
     found: set[Use] = set()
     for scope in releases() if release is None else (release,):
         uses: list[Use] = []
-        has = release_runners(scope)
+        absent = absent_capabilities(scope)
         for cap in caps:
-            if CAPABILITY_RUNNER.get(cap, has[0]) not in has:
+            if cap in absent:
                 continue  # no such runner in this release: no such catalog
             for factory in STAGE_CATALOGS.get(cap, ()):
                 uses.extend(_stage_uses(cap, factory, scope))
         for module_name in use_modules():
             uses.extend(u for u in _decorated_uses(module_name) if set(u.capabilities) & set(caps))
         found.update(_scoped(uses, scope))
-    return tuple(sorted(found, key=lambda u: (u.name, u.kind, u.affects, u.release or "")))
+    return tuple(
+        sorted(
+            found,
+            key=lambda u: (
+                u.name,
+                u.kind,
+                u.affects,
+                u.release or "",
+                u.capabilities,
+                u.runner or "",
+            ),
+        )
+    )

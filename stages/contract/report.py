@@ -12,8 +12,9 @@ Statuses: ``identical`` (same digest as the lock), ``changed`` (found, different
 ``ambiguous`` (gone, several candidates elsewhere), ``missing`` (gone, nowhere like it) and
 ``unknown`` (only knowable at run time, or not in the lock). A capability is ``ok`` only
 when every name it depends on is ``identical`` to one and the same locked release, and
-``absent`` where the release it is compared with has none of it (a runner the release does
-not have: 0.34.0 has no Model Runner V1, so no v1 catalog).
+``absent`` where it belongs to a runner that both the release compared with and the vLLM
+read lack (0.34.0 has no Model Runner V1, so no v1 catalog and no ``plan``); a vLLM that
+still has the runner's class gets ``broken`` there, not ``absent``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from typing import Any
 import attrs
 
 from ..errors import UnsupportedRunnerError
-from .declare import CAPABILITIES, Use, declarations
+from .declare import (
+    CAPABILITIES,
+    CAPABILITY_RUNNER,
+    RUNNER_CLASSES,
+    Use,
+    absent_capabilities,
+    declarations,
+)
 from .fingerprint import Found, Index, similarity
 from .lock import Lock, labels, locks, resolve_all, via
 from .source import Source, open_source
@@ -196,12 +204,13 @@ def _verdicts(
     comparer: _Comparer, lock: Lock, caps: Sequence[str], scope: _Scope
 ) -> tuple[dict[str, str], dict[str, tuple[str, tuple[str, ...], str]]]:
     statuses = {k: comparer.status(k, lock) for k in scope}
+    absent = absent_capabilities(lock.version)
     verdicts = {}
     for cap in caps:
-        keys = [k for k, (_, group) in scope.items() if _has(group, cap)]
-        if not keys:
-            verdicts[cap] = "absent"  # the lock's release has none of it
+        if cap in absent:
+            verdicts[cap] = "absent"  # a runner the lock's release does not have
             continue
+        keys = [k for k, (_, group) in scope.items() if _has(group, cap)]
         ok = all(statuses[k][0] == "identical" for k in keys)
         verdicts[cap] = "ok" if ok else "broken"
     return verdicts, statuses
@@ -281,17 +290,24 @@ def compare(
         source=source.path,
         baseline=None if best is None else best[1].label,
         functions=tuple(entries),
-        capabilities={c: _capability(c, matched, best) for c in caps},
+        capabilities={c: _capability(c, matched, best, index) for c in caps},
         matched=matched,
         seconds=time.perf_counter() - start,
     )
 
 
-def _capability(cap: str, matched: Mapping[str, str], best: tuple[Any, ...] | None) -> str:
-    """ok where a lock matched; absent where the best lock's release has none of it."""
+def _capability(
+    cap: str, matched: Mapping[str, str], best: tuple[Any, ...] | None, index: Index
+) -> str:
+    """ok where a lock matched; absent where the best lock's release lacks the capability's
+    runner and so does the vLLM read (its runner class is not there); else broken."""
     if cap in matched:
         return "ok"
-    return "absent" if best is not None and best[4][cap] == "absent" else "broken"
+    if best is None or best[4][cap] != "absent":
+        return "broken"
+    runner_class = RUNNER_CLASSES[CAPABILITY_RUNNER[cap]]  # type: ignore[index]
+    found = index.resolve(runner_class, "calls", via(runner_class))
+    return "broken" if found.status == "found" else "absent"
 
 
 def _identical(statuses: Mapping[str, tuple[str, tuple[str, ...], str]]) -> int:

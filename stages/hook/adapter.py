@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import gc
 import importlib
+import inspect
 import os
 import threading
 from collections import ChainMap
@@ -78,6 +79,8 @@ ADAPTER_MODULES = ("initpipe_vllm.hook.runner", "initpipe_vllm.hook.runner_v2")
 TRACE_MAX_RECORDS = 20_000
 
 _VLLM_CONFIG = "vllm.config.vllm:VllmConfig"
+#: A sentinel: an attribute the subject does not have.
+_ABSENT = object()
 
 
 # -- the adapter: what differs between runners, as data ------------------------------------
@@ -334,8 +337,10 @@ def which_runner(subject: Any, release: str = DEFAULT_RELEASE) -> RunnerAdapter:
     for adapter in runner_adapters(release):
         if adapter.stock_runner in names:
             return adapter
+    if inspect.getattr_static(subject, "use_v2_model_runner", _ABSENT) is _ABSENT:
+        return runner_adapter("v2", release)  # this vLLM has no runner choice: MRv2 only
     try:
-        v2 = bool(getattr(subject, "use_v2_model_runner", True))  # absent: no v1 to pick
+        v2 = bool(subject.use_v2_model_runner)
     except ValueError:  # HiSparse: vLLM refuses v1 for it itself
         v2 = True
     return runner_adapter("v2" if v2 else "v1", release)

@@ -45,7 +45,9 @@ __all__ = [
     "module_name",
     "overlays",
     "release_module",
+    "releases_with",
     "require_runner",
+    "runner_title",
     "runners",
 ]
 
@@ -53,10 +55,12 @@ __all__ = [
 RELEASES: tuple[str, ...] = ("0.32.0", "0.33.0")
 #: The release zero-argument entry points build.
 DEFAULT_RELEASE = "0.32.0"
-#: What each runner is called in a message, and how a user asks for it.
-_RUNNER_NAMES = {
-    "v1": "Model Runner V1 (`--model-runner v1`, VLLM_USE_V2_MODEL_RUNNER=0)",
-    "mrv2": "Model Runner V2 (`--model-runner v2`)",
+#: What each runner (a catalog key) is called in a message.
+_RUNNER_TITLES = {"v1": "Model Runner V1", "mrv2": "Model Runner V2"}
+#: How a user asks for each: the catalog key, and the command-line option.
+_RUNNER_ASK = {
+    "v1": "runner='v1' (`--model-runner v1`)",
+    "mrv2": "runner='mrv2' (`--model-runner v2`)",
 }
 
 
@@ -107,14 +111,34 @@ def runners(release: str) -> tuple[str, ...]:
     ``"v1"`` and ``"mrv2"``.
 
     Raises:
-        UnsupportedRunnerError: an unknown release.
+        UnsupportedRunnerError: an unknown release, or a release module that does not
+            declare ``RUNNERS``.
     """
-    found: tuple[str, ...] = tuple(release_module(release).RUNNERS)
-    return found
+    module = release_module(release)
+    found = getattr(module, "RUNNERS", None)
+    if not found:
+        raise UnsupportedRunnerError(
+            f"{module.__name__} declares no RUNNERS: add the catalogs vLLM {release} has a "
+            'runner for, e.g. RUNNERS = ("v1", "mrv2").'
+        )
+    return tuple(found)
 
 
-def require_runner(release: str, runner: str) -> None:
+def runner_title(runner: str) -> str:
+    """``"Model Runner V1"`` for ``"v1"``, ``"Model Runner V2"`` for ``"mrv2"``."""
+    return _RUNNER_TITLES.get(runner, repr(runner))
+
+
+def releases_with(runner: str) -> tuple[str, ...]:
+    """The releases of :data:`RELEASES` that have ``runner``."""
+    return tuple(r for r in RELEASES if runner in runners(r))
+
+
+def require_runner(release: str, runner: str, *, what: str = "") -> None:
     """Refuse a catalog that vLLM ``release`` has no runner for.
+
+    Args:
+        what: what needs the runner, to open the message (default: the catalog asked for).
 
     Raises:
         UnsupportedRunnerError: ``release`` lacks ``runner`` (names the release, the
@@ -123,10 +147,10 @@ def require_runner(release: str, runner: str) -> None:
     have = runners(release)
     if runner in have:
         return
-    name = _RUNNER_NAMES.get(runner, repr(runner))
-    has = ", ".join(_RUNNER_NAMES.get(r, repr(r)) for r in have)
-    elsewhere = ", ".join(r for r in RELEASES if runner in runners(r))
+    opening = what or f"the {runner_title(runner)} catalog was asked for"
+    has = ", ".join(f"{runner_title(r)}: ask for {_RUNNER_ASK.get(r, repr(r))}" for r in have)
+    elsewhere = releases_with(runner)
+    fix = f" or install a vLLM release that has it ({', '.join(elsewhere)})" if elsewhere else ""
     raise UnsupportedRunnerError(
-        f"vLLM {release} has no {name}: its runners are {has}. Ask for one of those, or "
-        f"install a vLLM release that has it ({elsewhere})."
+        f"{opening}, and vLLM {release} has no {runner_title(runner)}; its runners: {has}{fix}."
     )

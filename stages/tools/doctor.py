@@ -25,6 +25,7 @@ from ..contract.lock import LockError, build, write
 from ..contract.report import Entry, Report, compare
 from ..contract.source import open_source
 from ..errors import VllmSourceError
+from ..releases import runner_title
 from ._cli import UsageError, command_parser
 
 __all__ = ["TITLES", "build_parser", "main", "render"]
@@ -82,9 +83,8 @@ def render(report: Report, *, show_all: bool = False) -> str:
         mine = [e for e in report.functions if cap in e.capabilities]
         bad = [e for e in mine if e.status != "identical"]
         if verdict == "absent":
-            mine_runner = CAPABILITY_RUNNER[cap]  # type: ignore[index]
-            runner = {"v1": "Model Runner V1", "mrv2": "Model Runner V2"}[mine_runner]
-            head = f"absent: vLLM {report.vllm} has no {runner}"
+            title = runner_title(CAPABILITY_RUNNER[cap])  # type: ignore[index]
+            head = f"absent: vLLM {report.vllm} has no {title}, nor has {report.baseline}"
         elif verdict != "ok":
             head = f"BROKEN: {len(bad)} of {len(mine)} differ"
         elif report.matched.get(cap, report.baseline) != report.baseline:

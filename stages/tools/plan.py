@@ -74,9 +74,8 @@ from initpipe import KV, MODEL, Pipeline
 
 from ..contract.declare import vllm_uses
 from ..contract.report import installed_release
-from ..errors import UnsupportedRunnerError
 from ..hook.adapter import runner_adapter, runner_adapters
-from ..releases import DEFAULT_RELEASE, RELEASES, runners
+from ..releases import DEFAULT_RELEASE, require_runner
 from ._cli import UsageError, command_parser
 from .plan_meta import (
     ASSUMED_CAPABILITY,
@@ -242,13 +241,12 @@ def planning_pipeline(*, release: str = DEFAULT_RELEASE) -> Pipeline:
     """
     from .. import catalog
 
-    if "v1" not in runners(release):
-        with_v1 = ", ".join(r for r in RELEASES if "v1" in runners(r))
-        raise UnsupportedRunnerError(
-            f"initpipe plan plans with the v1 catalog, and vLLM {release} has no Model Runner "
-            f"V1; planning with Model Runner V2's catalog is not built yet. Plan against a "
-            f"release that has V1 ({with_v1})."
-        )
+    require_runner(
+        release,
+        "v1",
+        what="initpipe plan plans with the v1 catalog (planning with Model Runner V2's "
+        "catalog is not built yet)",
+    )
     base = catalog(release=release)
     kv_inputs = {k: v for k, v in base.inputs[KV].items() if k not in _KV_FROM_PLAN}
     kv_inputs.update(num_blocks=None, kv_bytes=None)

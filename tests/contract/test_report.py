@@ -81,14 +81,24 @@ def test_a_capability_is_ok_against_another_locked_release(make_tree: MakeTree) 
 def test_a_capability_of_a_runner_the_release_lacks_is_absent_not_broken(
     make_tree: MakeTree, monkeypatch
 ) -> None:
-    """A release without Model Runner V1 (as 0.34.0): its declarations have no v1 catalog,
-    so against its lock the v1 catalog is ``absent`` (the doctor's verdict stays ok), while
-    against a release that has it, the deleted runner would be ``missing``."""
+    """A release without Model Runner V1 (as 0.34.0; here a stand-in release module): its
+    declarations have no v1 catalog, so against its lock the v1 catalog is ``absent`` (the
+    doctor's verdict stays ok) where the vLLM read has no v1 runner class either; a vLLM
+    that still has one gets ``broken`` (no lock matches its v1 code); and against a release
+    that has v1, the deleted runner's function is ``missing``: broken."""
+    import sys
+    import types
+
     import attrs
 
+    from initpipe_vllm import releases
     from initpipe_vllm.contract import report as report_module
     from initpipe_vllm.tools.doctor import render
 
+    module = types.ModuleType("initpipe_vllm.releases.v99_1_0")
+    module.RELEASE, module.RUNNERS, module.OVERLAYS = "99.1.0", ("mrv2",), ()
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(releases, "RELEASES", (*releases.RELEASES, "99.1.0"))
     files = {**BASE, "vllm/a.py": "def gone():\n    return 1\n"}  # v1's function deleted
     theirs = USES[1:]  # the release's own declarations: nothing of catalog_v1
     lock = attrs.evolve(build(open_source(make_tree(files)), theirs), version="99.1.0")
@@ -101,6 +111,12 @@ def test_a_capability_of_a_runner_the_release_lacks_is_absent_not_broken(
     text = render(got)
     assert "[catalog_v1]: absent: vLLM" in text and "has no Model Runner V1" in text
     assert text.endswith("verdict: all ok")
+    # the same lock, read against a vLLM that still has v1's runner class
+    runner = "vllm/v1/worker/gpu_model_runner.py"
+    kept = {**files, runner: "class GPUModelRunner:\n    def load_model(self):\n        pass\n"}
+    mixed = compare(open_source(make_tree(kept)), None, [lock])
+    assert mixed.capabilities == {"catalog_v1": "broken", "serve": "ok"}
+    assert not mixed.ok
     old = build(open_source(make_tree(BASE)), USES)
     monkeypatch.setattr(report_module, "declarations", lambda release=None: USES)
     assert compare(open_source(make_tree(files)), None, [old]).capabilities == {

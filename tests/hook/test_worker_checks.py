@@ -128,6 +128,14 @@ def test_a_vllm_without_the_runner_choice_runs_model_runner_v2(hook_worker: Any)
     assert hook_worker.runner_version(SimpleNamespace()) == "v2"
     assert hook_worker.runner_version(SimpleNamespace(use_v2_model_runner=False)) == "v1"
 
+    class Broken:  # vLLM's own property failing is not "no runner choice"
+        @property
+        def use_v2_model_runner(self) -> bool:
+            raise AttributeError("attention_config")
+
+    with pytest.raises(AttributeError, match="attention_config"):
+        hook_worker.runner_version(Broken())
+
 
 @pytest.mark.parametrize(("variant", "platform"), [("GPU", "cuda"), ("XPU", "xpu")])
 def test_explicit_gpu_and_xpu_workers_refuse_before_the_stock_worker_starts(

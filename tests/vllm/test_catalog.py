@@ -282,14 +282,20 @@ def test_a_release_without_a_runner_has_neither_its_catalog_nor_its_declarations
     module.RELEASE = "99.1.0"
     module.RUNNERS = ("mrv2",)
     module.OVERLAYS = ()
+    known = releases.RELEASES
+    bare = types.ModuleType("initpipe_vllm.releases.v99_2_0")  # forgot RUNNERS
+    monkeypatch.setitem(sys.modules, bare.__name__, bare)
+    monkeypatch.setattr(releases, "RELEASES", (*known, "99.2.0"))
+    with pytest.raises(UnsupportedRunnerError, match=r"v99_2_0 declares no RUNNERS"):
+        releases.runners("99.2.0")
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setattr(releases, "RELEASES", (*releases.RELEASES, "99.1.0"))
+    monkeypatch.setattr(releases, "RELEASES", (*known, "99.1.0"))
     with pytest.raises(UnsupportedRunnerError) as err:
         catalogs.catalog(runner="v1", release="99.1.0")
     message = str(err.value)
     assert "vLLM 99.1.0 has no Model Runner V1" in message
-    assert "its runners are Model Runner V2" in message
-    assert "0.32.0" in message  # where v1 still is
+    assert "its runners: Model Runner V2: ask for runner='mrv2' (`--model-runner v2`)" in message
+    assert "(0.32.0, 0.33.0)" in message  # where v1 still is
     assert mrv2_catalog(release="99.1.0").order == mrv2_catalog().order
     assert spec_pipeline(release="99.1.0").order == spec_pipeline().order
 
@@ -315,14 +321,25 @@ def test_a_release_without_a_runner_has_neither_its_catalog_nor_its_declarations
 
 
 def test_a_declaration_belongs_to_the_runner_of_its_one_catalog() -> None:
+    from initpipe_vllm import catalogs
+    from initpipe_vllm.contract import declare
     from initpipe_vllm.contract.declare import vllm_uses
+
+    # the contract's runner names are the catalogs' (it sits below them, so it lists them)
+    assert declare._ALL_RUNNERS == tuple(catalogs.RUNNERS)
+    assert set(declare.CAPABILITY_RUNNER.values()) == set(declare.RUNNER_CLASSES)
+    assert set(declare.RUNNER_CLASSES) == set(catalogs.RUNNERS)
+    for runner in catalogs.RUNNERS:
+        assert catalogs.catalog_def(runner).runner == runner
 
     def uses(**kw):
         def f() -> None: ...
 
-        return vllm_uses(**kw)(f).__initpipe_vllm_release__[2]
+        return declare._uses_of(vllm_uses(**kw)(f))[0].runner
 
     name = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.load_model"
+    with pytest.raises(ValueError, match=r"runner='mrv2' contradicts capability \('catalog_v1',\)"):
+        uses(capability="catalog_v1", calls=(name,), runner="mrv2")
     assert uses(capability="catalog_v1", calls=(name,)) == "v1"
     assert uses(capability="catalog_mrv2", calls=(name,)) == "mrv2"
     assert uses(capability=("catalog_v1", "catalog_mrv2"), calls=(name,)) is None

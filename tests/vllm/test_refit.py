@@ -522,6 +522,13 @@ def _fresh_for(result: Any, weights: str, blocks: int = SMALL) -> Any:
     return result["fresh_a"]
 
 
+def test_the_pipelined_engine_starts_as_a_fresh_stock_engine(result: Any) -> None:
+    """Before any refit: stock's tokens and digest on A (a later mismatch is the refit's)."""
+    start, fresh = result["engine"]["start"], _fresh_for(result, "a")
+    assert start["outputs"] == fresh["outputs"]
+    assert start["digests"] == fresh["digests"], differing(start["hashes"], fresh["hashes"])
+
+
 def test_the_oracles_are_stock_vllm_and_the_engine_is_pipelined(result: Any) -> None:
     for key in ("fresh_a", "fresh_b", "fresh_b_large"):
         assert all(not pipelined for _cls, pipelined in result[key]["runner_classes"]), key
