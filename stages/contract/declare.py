@@ -110,28 +110,28 @@ _FIRST_RELEASES = ("0.32.0",)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def releases() -> tuple[str, ...]:
-    """The vLLM releases initpipe has a module for: ``initpipe_vllm.releases.RELEASES``
-    (``("0.32.0",)`` while that package does not exist)."""
+def _releases_package() -> Any | None:
+    """``initpipe_vllm.releases``, or None while that package does not exist."""
     try:
-        module = importlib.import_module(f"{_PACKAGE}.releases")
+        return importlib.import_module(f"{_PACKAGE}.releases")
     except ModuleNotFoundError as err:
         if err.name != f"{_PACKAGE}.releases":
             raise
-        return _FIRST_RELEASES
-    return tuple(module.RELEASES)
+        return None
+
+
+def releases() -> tuple[str, ...]:
+    """The vLLM releases initpipe has a module for: ``initpipe_vllm.releases.RELEASES``
+    (``("0.32.0",)`` while that package does not exist)."""
+    module = _releases_package()
+    return _FIRST_RELEASES if module is None else tuple(module.RELEASES)
 
 
 def release_runners(release: str) -> tuple[str, ...]:
     """The runners vLLM ``release`` has (``initpipe_vllm.releases.runners``; every runner
     while that package does not exist or does not know the release)."""
-    try:
-        module = importlib.import_module(f"{_PACKAGE}.releases")
-    except ModuleNotFoundError as err:
-        if err.name != f"{_PACKAGE}.releases":
-            raise
-        return _ALL_RUNNERS
-    if release not in module.RELEASES:
+    module = _releases_package()
+    if module is None or release not in module.RELEASES:
         return _ALL_RUNNERS
     return tuple(module.runners(release))
 
