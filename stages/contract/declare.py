@@ -269,8 +269,8 @@ def vllm_uses(
             f"vllm_uses: runner={runner!r} contradicts capability {caps!r}, which belongs to "
             f"{sorted(o for o in owners if o)}: drop runner= or name a capability of it."
         )
-    if runner is None and len({CAPABILITY_RUNNER.get(c) for c in caps}) == 1:
-        runner = CAPABILITY_RUNNER.get(caps[0])
+    if runner is None and len(owners) == 1:
+        (runner,) = owners
     if not any(declared.values()):
         raise ValueError("vllm_uses: declare at least one name in mirrors= or calls=.")
     replaced = tuple(replaces)
