@@ -71,7 +71,7 @@ def blocks_override(cache_config: Any, num_blocks: Blocks) -> Iterator[None]:
         cache_config.num_gpu_blocks_override = saved
 
 
-@by_release("plan")
+@by_release("resize")
 @vllm_uses(("plan", "resize"), calls=("vllm.v1.core.kv_cache_utils:get_kv_cache_configs",))
 def plan_kv_cache_configs(
     vllm_config: Any,
@@ -93,14 +93,14 @@ def plan_kv_cache_configs(
         return get_kv_cache_configs(vllm_config, specs, memory)  # type: ignore[no-any-return]
 
 
-@plan_kv_cache_configs.variant("0.33.0")
+@plan_kv_cache_configs.variant("0.33.0", "0.34.0")
 @vllm_uses(
     ("plan", "resize"),
     calls=(
         "vllm.v1.core.kv_cache_planning:get_global_kv_cache_groups",
         "vllm.v1.core.kv_cache_planning:get_kv_cache_configs",
     ),
-    release="0.33.0",
+    release=("0.33.0", "0.34.0"),
     replaces=("initpipe_vllm.compat:plan_kv_cache_configs",),
 )
 def _plan_kv_cache_configs_0_33_0(
@@ -120,7 +120,7 @@ def _plan_kv_cache_configs_0_33_0(
         return get_kv_cache_configs(vllm_config, specs, memory, groups)  # type: ignore[no-any-return]
 
 
-@by_release("plan")
+@by_release("resize")
 def kv_cache_groups(vllm_config: Any, spec: Mapping[str, Any]) -> list[Any]:
     """vLLM's KV cache groups of one worker's layers (``get_kv_cache_groups``), as the
     runner groups them for its profiling-size cache. The test kit's; declares nothing."""
@@ -129,7 +129,7 @@ def kv_cache_groups(vllm_config: Any, spec: Mapping[str, Any]) -> list[Any]:
     return get_kv_cache_groups(vllm_config, spec)  # type: ignore[no-any-return]
 
 
-@kv_cache_groups.variant("0.33.0")
+@kv_cache_groups.variant("0.33.0", "0.34.0")
 def _kv_cache_groups_0_33_0(vllm_config: Any, spec: Mapping[str, Any]) -> list[Any]:
     """vLLM 0.33.0: through the platform's ``KVCacheConfigBuilder``
     (``get_kv_cache_groups_from_builder``), as ``_init_minimal_kv_cache_for_profiling``."""
@@ -140,7 +140,7 @@ def _kv_cache_groups_0_33_0(vllm_config: Any, spec: Mapping[str, Any]) -> list[A
     return get_kv_cache_groups_from_builder(builder, vllm_config, spec)  # type: ignore[no-any-return]
 
 
-@by_release("plan")
+@by_release("resize")
 def kv_cache_config_from_groups(
     vllm_config: Any, groups: Sequence[Any], *, num_blocks: Blocks, available_memory: int = 0
 ) -> Any:
@@ -156,7 +156,7 @@ def kv_cache_config_from_groups(
         )
 
 
-@kv_cache_config_from_groups.variant("0.33.0")
+@kv_cache_config_from_groups.variant("0.33.0", "0.34.0")
 def _kv_cache_config_from_groups_0_33_0(
     vllm_config: Any, groups: Sequence[Any], *, num_blocks: Blocks, available_memory: int = 0
 ) -> Any:

@@ -101,7 +101,9 @@ RUNNER_CLASSES = {
 _NAME = re.compile(r"^vllm(\.\w+)*:\w+(\.\w+)*$")
 _AFFECTS = re.compile(r"^\w+(\.\w+)*:\w+(\.\w+)*$")
 _ATTR = "__initpipe_vllm_uses__"
-_SCOPE = "__initpipe_vllm_release__"
+#: Every declaration stacked on a function: (capabilities, names, (releases, replaces,
+#: runner)), innermost first.
+_DECLS = "__initpipe_vllm_declarations__"
 #: This package's import name, and the folder its source is read from.
 _PACKAGE = __name__.split(".")[0]
 _ROOT = Path(__file__).resolve().parents[1]
@@ -232,7 +234,7 @@ def vllm_uses(
     *,
     mirrors: Sequence[str] = (),
     calls: Sequence[str] = (),
-    release: str | None = None,
+    release: str | Sequence[str] | None = None,
     replaces: Sequence[str] = (),
     runner: str | None = None,
 ) -> Callable[[F], F]:
@@ -245,8 +247,9 @@ def vllm_uses(
         capability: the capability (or capabilities) that depend on the function.
         mirrors: vLLM names whose code the function replaces, replays or patches.
         calls: vLLM names it calls or reads.
-        release: the one vLLM release this declaration applies to (a release's variant);
-            None: every release (unless one replaces it).
+        release: the vLLM release this declaration applies to (a release's variant), or
+            several (a variant a later release carries forward unchanged: one
+            declaration per release); None: every release (unless one replaces it).
         replaces: with ``release``: the base declarations (``module:qualname`` of the
             initpipe functions) this variant stands in for in its release.
         runner: the runner whose code this is (``"v1"``, ``"mrv2"``): declared only for
@@ -273,6 +276,9 @@ def vllm_uses(
         (runner,) = owners
     if not any(declared.values()):
         raise ValueError("vllm_uses: declare at least one name in mirrors= or calls=.")
+    scope = (release,) if isinstance(release, str) else None if release is None else tuple(release)
+    if scope is not None and (not scope or not all(isinstance(r, str) for r in scope)):
+        raise ValueError(f"vllm_uses: release={release!r}: name one release or several.")
     replaced = tuple(replaces)
     if replaced and release is None:
         raise ValueError(
@@ -287,8 +293,13 @@ def vllm_uses(
         )
 
     def mark(func: F) -> F:
-        setattr(func, _ATTR, (caps, declared))
-        setattr(func, _SCOPE, (release, replaced, runner))
+        # Several declarations may be stacked on one function (each its own runner or
+        # release scope): each is kept, and _ATTR holds their union.
+        stacked = [*getattr(func, _DECLS, ()), (caps, declared, (scope, replaced, runner))]
+        setattr(func, _DECLS, tuple(stacked))
+        union_caps = tuple(dict.fromkeys(c for d in stacked for c in d[0]))
+        union = {k: tuple(dict.fromkeys(n for d in stacked for n in d[1][k])) for k in KINDS}
+        setattr(func, _ATTR, (union_caps, union))
         return func
 
     return mark
@@ -324,11 +335,11 @@ def _stage_uses(capability: Capability, factory: str, release: str) -> list[Use]
 
 def _uses_of(func: Any) -> list[Use]:
     """The declarations :func:`vllm_uses` put on ``func``."""
-    caps, declared = getattr(func, _ATTR)
-    release, replaces, runner = getattr(func, _SCOPE, (None, (), None))
     where = f"{func.__module__}:{func.__qualname__}"
     return [
         Use(name, kind, caps, where, release, replaces, runner)
+        for caps, declared, (scope, replaces, runner) in getattr(func, _DECLS)
+        for release in scope or (None,)
         for kind in KINDS
         for name in declared[kind]
     ]

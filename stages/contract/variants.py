@@ -43,21 +43,26 @@ class Released(Generic[P, R]):
         self.variants: dict[str, Callable[P, R]] = {}
         functools.update_wrapper(self, base)
 
-    def variant(self, release: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
-        """Register the decorated function as this function's variant for ``release``.
+    def variant(self, *releases: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """Register the decorated function as this function's variant for ``releases``
+        (several: a later release carries the variant forward unchanged).
 
         Raises:
-            ValueError: ``release`` already has a variant.
+            ValueError: one of ``releases`` already has a variant, or none is named.
         """
+        if not releases:
+            raise ValueError(f"{self.base.__qualname__}.variant(): name at least one release")
 
         def register(func: Callable[P, R]) -> Callable[P, R]:
-            if release in self.variants:
-                msg = (
-                    f"{self.base.__qualname__} already has a variant for vLLM {release} "
-                    f"({self.variants[release].__qualname__})"
-                )
-                raise ValueError(msg)
-            self.variants[release] = func
+            for release in releases:
+                if release in self.variants:
+                    msg = (
+                        f"{self.base.__qualname__} already has a variant for vLLM {release} "
+                        f"({self.variants[release].__qualname__})"
+                    )
+                    raise ValueError(msg)
+            for release in releases:
+                self.variants[release] = func
             return func
 
         return register

@@ -603,9 +603,8 @@ class PipelineHost:
             parallel.world_size,
         )
 
-    @vllm_uses(
-        ("catalog_v1", "catalog_mrv2"), calls=(f"{_V1}.capture_model", f"{_V2}.capture_model")
-    )
+    @vllm_uses(("catalog_v1", "catalog_mrv2"), calls=(f"{_V1}.capture_model",), runner="v1")
+    @vllm_uses(("catalog_v1", "catalog_mrv2"), calls=(f"{_V2}.capture_model",))
     def capture_model(self, *args: Any, **kwargs: Any) -> Any:
         """vLLM's CUDA-graph capture, recorded as a span of the trace."""
         with self.initpipe_trace.span("capture_model (graph capture)", phase="vllm"):

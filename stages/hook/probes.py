@@ -341,7 +341,14 @@ class _Finder(importlib.abc.MetaPathFinder):
         return exec_timed
 
 
-@vllm_uses("startup", calls=tuple(p.target for p in PROBES))
+#: Probes of a vLLM function a later release removed: the releases that have it.
+#: ``_rebind_kernels``: 0.34.0 renamed it ``_rebind_impls``, and its CPU platform no longer
+#: registers kernel overrides (nothing calls it there): no probe on 0.34.
+_UNTIL = {"vllm.triton_utils.dispatcher:_rebind_kernels": ("0.32.0", "0.33.0")}
+
+
+@vllm_uses("startup", calls=tuple(_UNTIL), release=("0.32.0", "0.33.0"))
+@vllm_uses("startup", calls=tuple(p.target for p in PROBES if p.target not in _UNTIL))
 def install(
     record: Callable[[dict[str, Any]], None] | None = None,
     probes: Sequence[Probe] = PROBES,

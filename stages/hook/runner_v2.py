@@ -38,6 +38,7 @@ import attrs
 
 from .. import releases
 from ..contract.declare import vllm_uses
+from ..errors import UnsupportedRunnerError
 from ..mrv2 import CATALOG as MRV2_CATALOG, INITPIPE_INPUTS as MRV2_INPUTS
 from ..mrv2.model_phase import BUILT_AFTER_WEIGHTS
 from ..mrv2.types import RunnerV2Settings
@@ -54,8 +55,10 @@ __all__ = [
     "DELIBERATE_TEARDOWN_DIFFERENCES",
     "V2_ADAPTER",
     "V2_ADAPTER_0_33_0",
+    "V2_ADAPTER_0_34_0",
     "PipelinedRunnerV2Mixin",
     "PipelinedRunnerV2Mixin_0_33_0",
+    "PipelinedRunnerV2Mixin_0_34_0",
     "apply_kv_outputs_v2",
     "apply_model_outputs_v2",
     "clear_kv_state_v2",
@@ -620,7 +623,7 @@ _START_0_33_0 = tuple(
 @vllm_uses(
     "catalog_mrv2",
     calls=adapter.owned(_RUNNER, tuple(attr for _, attr in _START_0_33_0)),
-    release="0.33.0",
+    release=("0.33.0", "0.34.0"),
     replaces=("initpipe_vllm.hook.runner_v2:start_inputs_v2",),
 )
 def start_inputs_v2_0_33_0(runner: Any) -> dict[str, Any]:
@@ -653,7 +656,7 @@ class PipelinedRunnerV2Mixin_0_33_0(PipelinedRunnerV2Mixin):
             f"{_RUNNER}.use_pp",
             f"{_RUNNER}.pp_handler",
         ),
-        release="0.33.0",
+        release=("0.33.0", "0.34.0"),
         replaces=(
             "initpipe_vllm.hook.runner_v2:PipelinedRunnerV2Mixin._initpipe_aux_hidden_states",
         ),
@@ -669,6 +672,124 @@ class PipelinedRunnerV2Mixin_0_33_0(PipelinedRunnerV2Mixin):
         set_eagle3_aux_hidden_state_layers(s.model, s.speculative_config, s.use_pp)
         if s.pp_handler is not None:
             s.pp_handler.configure_aux_hidden_state_relay(s.model)
+
+
+# -- vLLM 0.34.0 -------------------------------------------------------------------------
+#: 0.34.0 renamed ``XPUModelRunnerV2`` ``XPUModelRunner`` (v1's XPU runner is gone).
+_XPU_0_34_0 = "vllm.v1.worker.xpu_model_runner:XPUModelRunner"
+_CLASSES_0_34_0 = {**_CLASSES, "PipelinedXPUModelRunnerV2": _XPU_0_34_0}
+
+
+@vllm_uses(
+    "catalog_mrv2",
+    calls=(f"{_RUNNER}.max_model_len", f"{_RUNNER}.aux_output_connector"),
+    release="0.34.0",
+    replaces=("initpipe_vllm.hook.runner_v2:kv_inputs_v2",),
+)
+def kv_inputs_v2_0_34_0(runner: Any, *engine: Any) -> dict[str, Any]:
+    """0.32's KV-phase inputs and the runner's current aux-output connector (0.34 creates
+    it once and re-initializes it per KV phase; None where there is none yet)."""
+    return kv_inputs_v2(runner, *engine) | {
+        "runner_aux_output_connector": getattr(runner, "aux_output_connector", None)
+    }
+
+
+#: 0.34's ``initialize_kv_cache`` also assigns the extensible KV cache (None: the pipelined
+#: worker declines it, :mod:`.worker`), the ReplaySSM block-copy tensors, and, on a real
+#: KV phase only, ``kv_caches_by_layer``.
+_KV_WRITES_0_34_0 = (
+    *_KV_WRITES,
+    adapter.Write("extensible_kv_cache", None),
+    adapter.Write("replayssm_block_copy_tensors", "replayssm_block_copy_tensors"),
+    adapter.Write("kv_caches_by_layer", "runner_kv_caches_by_layer", "if_built"),
+)
+
+
+@vllm_uses(
+    "catalog_mrv2",
+    mirrors=(f"{_RUNNER}.initialize_kv_cache", f"{_RUNNER}._init_kv_zero_meta"),
+    calls=adapter.attr_names(_RUNNER, _KV_WRITES_0_34_0),
+    release="0.34.0",
+    replaces=("initpipe_vllm.hook.runner_v2:apply_kv_outputs_v2",),
+)
+def apply_kv_outputs_v2_0_34_0(runner: Any, kv: Mapping[str, Any]) -> None:
+    """0.34's ``initialize_kv_cache`` writes onto the runner (:data:`_KV_WRITES_0_34_0`)."""
+    adapter.write_outputs(runner, _KV_WRITES_0_34_0, kv)
+
+
+@vllm_uses(
+    "catalog_mrv2",
+    mirrors=(_TEARDOWN,),
+    calls=(
+        f"{_RUNNER}.kv_caches",
+        f"{_RUNNER}.attn_groups",
+        f"{_RUNNER}.kv_cache_config",
+        f"{_RUNNER}.cudagraph_manager",
+        f"{_RUNNER}.fast_prefill",
+        f"{_RUNNER}.kv_block_zeroer",
+        f"{_RUNNER}.cache_config",
+        _NUM_GPU_BLOCKS,
+    ),
+    release="0.34.0",
+    replaces=("initpipe_vllm.hook.runner_v2:clear_kv_state_v2",),
+)
+def clear_kv_state_v2_0_34_0(runner: Any) -> None:
+    """0.32's, but the aux-output connector stays: 0.34's ``_teardown_profiling_state``
+    keeps it (created once, its constructor binds a capturer into the model; the next KV
+    phase re-initializes it). Its stage's teardown closed its store."""
+    aux = getattr(runner, "aux_output_connector", None)
+    clear_kv_state_v2(runner)
+    runner.aux_output_connector = aux
+
+
+@vllm_uses(
+    "catalog_mrv2",
+    mirrors=adapter.host_uses(_RUNNER, "mirrors", _TEARDOWN),
+    calls=adapter.host_uses(
+        _RUNNER, "calls", f"{_XPU_0_34_0}.__init__", *_CLASSES_0_34_0.values()
+    ),
+    release="0.34.0",
+    replaces=("initpipe_vllm.hook.runner_v2:_v2_adapter",),
+)
+def _v2_adapter_0_34_0() -> adapter.RunnerAdapter:
+    """Model Runner V2's adapter on vLLM 0.34.0: 0.33's, with 0.34's KV inputs, writes and
+    teardown, and the XPU runner under its new name."""
+    return attrs.evolve(
+        V2_ADAPTER_0_33_0,
+        release="0.34.0",
+        classes=MappingProxyType(_CLASSES_0_34_0),
+        kv_inputs=kv_inputs_v2_0_34_0,
+        apply_kv=apply_kv_outputs_v2_0_34_0,
+        clear_kv=clear_kv_state_v2_0_34_0,
+    )
+
+
+V2_ADAPTER_0_34_0 = _v2_adapter_0_34_0()
+
+
+class PipelinedRunnerV2Mixin_0_34_0(PipelinedRunnerV2Mixin_0_33_0):
+    """The MRv2 mixin on vLLM 0.34.0 (registered under ``("v2", "0.34.0")``): 0.33's, and
+    ``initialize_kv_cache`` takes 0.34's ``extensible`` flag, refusing an extensible
+    (VMM-backed) KV cache, which initpipe does not mirror; the pipelined worker declines
+    it before vLLM would ask (:mod:`.worker`)."""
+
+    initpipe_adapter = V2_ADAPTER_0_34_0
+
+    def initialize_kv_cache(
+        self,
+        kv_cache_config: Any,
+        is_profiling: bool = False,
+        kv_cache_allocation_context: Any = None,
+        extensible: bool = False,
+    ) -> None:
+        if extensible:
+            raise UnsupportedRunnerError(
+                "initialize_kv_cache(extensible=True): initpipe's pipelined runner does not "
+                "mirror vLLM's extensible (VMM-backed) KV cache. Its worker declines it, so "
+                "vLLM turns it off at start-up; a caller asking for it directly should pass "
+                "extensible=False, or run vLLM's stock worker with the extensible cache."
+            )
+        super().initialize_kv_cache(kv_cache_config, is_profiling, kv_cache_allocation_context)
 
 
 def pipelined_runner_v2_class(base: type | None = None) -> type:

@@ -35,6 +35,7 @@ from ..vllm_names import MRV2_RUNNER, PLATFORM as _PLATFORM, V1_RUNNER
 from .adapter import RunnerAdapter, pipelined_class, runner_adapters, which_runner
 
 __all__ = [
+    "EXTENSIBLE_KV_CACHE_DECLINED",
     "PIPELINED_VARIANTS",
     "SUPPORTED_VLLM",
     "PipelinedCPUWorker",  # noqa: F822  (built on first access, by __getattr__)
@@ -96,6 +97,12 @@ _PLATFORM_CHECKS = (
 
 #: Why the pipelined worker cannot run a config (:attr:`Refusal.reason`).
 Reason = Literal["vllm-contract", "platform", "model-runner-v2"]
+#: Why a pipelined worker declines vLLM's extensible KV cache (vLLM logs it, prefixed
+#: "Disabling the extensible KV cache: "; the start-up report shows it).
+EXTENSIBLE_KV_CACHE_DECLINED = (
+    "initpipe's pipelined runner does not mirror the extensible (VMM-backed) KV cache; its "
+    "size comes from memory profiling instead, as with --no-enable-extensible-kv-cache"
+)
 #: Appended when an explicitly chosen pipelined worker refuses (the opt-in falls back to it).
 _STOCK_HINT = "vLLM's stock worker (worker_cls='auto') runs this config."
 
@@ -121,17 +128,10 @@ class Refusal:
     _BOTH,
     mirrors=(
         *_CONFIG_HOOKS,
-        f"{_VLLM_CONFIG}.use_v2_model_runner",
         f"{_WORKER}._make_model_runner",
         f"{_XPU}._make_model_runner",
     ),
-    calls=(
-        *_PLATFORM_CHECKS,
-        _USE_V2_ENV,
-        f"{_VLLM_CONFIG}.is_mm_encoder_only",
-        f"{_VLLM_CONFIG}.watermark_config",
-        "vllm.config.attention:AttentionConfig.hisparse_config",
-    ),
+    calls=(*_PLATFORM_CHECKS, f"{_VLLM_CONFIG}.is_mm_encoder_only"),
 )
 def why_not_pipelined(vllm_config: Any, stock_worker: str | None) -> Refusal | None:
     """Why the pipelined worker cannot stand in for ``stock_worker`` on ``vllm_config``.
@@ -168,6 +168,7 @@ def why_not_pipelined(vllm_config: Any, stock_worker: str | None) -> Refusal | N
     return (
         _contract_refusal(vllm_config)
         or _platform_refusal(stock_worker)
+        or _standalone_refusal(stock_worker)
         or _model_runner_refusal(vllm_config, stock_worker)
     )
 
@@ -322,13 +323,43 @@ def _platform_refusal(stock_worker: str | None) -> Refusal | None:
     )
 
 
+@vllm_uses(
+    "catalog_mrv2",
+    mirrors=("vllm.v1.worker.cpu_worker:CPUWorker.init_device",),
+    calls=(
+        _CURRENT_PLATFORM,
+        "vllm.platforms.interface:Platform.uses_standalone_cpu_model_runner",
+        "vllm.v1.worker.cpu.standalone_model_runner:StandaloneCPUModelRunner",
+    ),
+    release="0.34.0",
+)
+def _standalone_refusal(stock_worker: str | None) -> Refusal | None:
+    """Refuse, by name, the CPU runner that is not Model Runner V2: from 0.34 the CPU
+    worker builds ``StandaloneCPUModelRunner`` where the platform says so (a CPU other
+    than x86 without Triton), and no catalog covers it. A vLLM without that choice (0.32,
+    0.33) never refuses here."""
+    if stock_worker != _CPU_WORKER:
+        return None
+    from vllm.platforms import current_platform
+
+    standalone = getattr(current_platform, "uses_standalone_cpu_model_runner", None)
+    if standalone is None or not standalone():
+        return None
+    return _v2_refusal(
+        "this CPU has no Triton, so vLLM's CPU worker builds StandaloneCPUModelRunner, "
+        "which is not Model Runner V2",
+        "initpipe has no catalog of StandaloneCPUModelRunner; run it with vLLM's stock "
+        "worker, or install Triton for this CPU",
+    )
+
+
 def _model_runner_refusal(vllm_config: Any, stock_worker: str | None) -> Refusal | None:
     """Refuse, by name, the one Model Runner V2 variant the MRv2 catalog does not cover:
     ``MMEncoderModelRunner`` (encoder-only disaggregation), which the GPU and XPU workers
     build instead of MRv2 when ``vllm_config.is_mm_encoder_only`` (the CPU worker never
     does: it builds MRv2's ``CPUModelRunner`` there too)."""
     try:
-        use_v2 = bool(vllm_config.use_v2_model_runner)  # vLLM's own decision
+        use_v2 = _vllm_chose_v2(vllm_config)
     except ValueError:
         # HiSparse with VLLM_USE_V2_MODEL_RUNNER=0: vLLM raises this itself right after the
         # platform hook (VllmConfig.__post_init__), with its own message; the pipelined
@@ -344,12 +375,41 @@ def _model_runner_refusal(vllm_config: Any, stock_worker: str | None) -> Refusal
     )
 
 
+@vllm_uses(
+    _BOTH,
+    mirrors=(f"{_VLLM_CONFIG}.use_v2_model_runner",),
+    calls=(
+        _USE_V2_ENV,
+        f"{_VLLM_CONFIG}.watermark_config",
+        "vllm.config.attention:AttentionConfig.hisparse_config",
+    ),
+    runner="v1",
+)
+def _vllm_chose_v2(vllm_config: Any) -> bool:
+    """vLLM's own choice of Model Runner V2 (``VllmConfig.use_v2_model_runner``); a vLLM
+    without the attribute has no v1 runner to choose (0.34.0 removed it): True.
+
+    Raises:
+        ValueError: vLLM's own, for HiSparse with ``VLLM_USE_V2_MODEL_RUNNER=0``.
+    """
+    import inspect
+
+    if inspect.getattr_static(vllm_config, "use_v2_model_runner", None) is None:
+        return True
+    return bool(vllm_config.use_v2_model_runner)
+
+
 def _why_model_runner_v2(vllm_config: Any) -> tuple[str, str]:
     """Which of vLLM's reasons chose Model Runner V2, and the fix for v1.
 
     Only names the cause: the decision itself is ``VllmConfig.use_v2_model_runner``. The
-    causes are tested in its order (``vllm/config/vllm.py``, 0.32.0).
+    causes are tested in its order (``vllm/config/vllm.py``, 0.32.0). A vLLM without the v1
+    runner (0.34.0) has one reason, and no fix.
     """
+    import inspect
+
+    if inspect.getattr_static(vllm_config, "use_v2_model_runner", None) is None:
+        return ("vLLM has Model Runner V2 only", "this vLLM has no v1 runner")
     import vllm.envs as envs
 
     if vllm_config.attention_config.hisparse_config is not None:
@@ -461,6 +521,25 @@ class _TracedWorkerMixin:
         self._initpipe_write_trace()
         return result
 
+    @vllm_uses(
+        "catalog_mrv2",
+        calls=(
+            f"{_WORKER}.extensible_kv_cache_unsupported_reason",
+            "vllm.v1.executor.abstract:Executor.disable_extensible_kv_cache",
+            "vllm.config.cache:CacheConfig.enable_extensible_kv_cache",
+        ),
+        release="0.34.0",
+    )
+    def extensible_kv_cache_unsupported_reason(self) -> str | None:
+        """vLLM's switch for its extensible (VMM-backed) KV cache (0.34.0: on by default on
+        CUDA and ROCm; never on CPU): the pipelined runner does not mirror it, so this
+        worker declines it, and the engine turns it off on every rank and logs this
+        reason (``Executor.disable_extensible_kv_cache``). The KV cache is then sized by
+        memory profiling, as stock sizes it with the feature off
+        (``--no-enable-extensible-kv-cache``). Written from vLLM's code; never run on a
+        GPU here."""
+        return EXTENSIBLE_KV_CACHE_DECLINED
+
     @vllm_uses(_BOTH, calls=(f"{_WORKER}.shutdown", f"{_XPU}.shutdown"))
     def shutdown(self) -> None:
         try:
@@ -473,18 +552,14 @@ class _TracedWorkerMixin:
     _BOTH,
     mirrors=(
         f"{_CPU}.init_device",
-        # the module globals init_device builds the runner from, patched for the call
+        # the module global init_device builds the runner from, patched for the call
         "vllm.v1.worker.cpu_worker:CPUModelRunner",
-        "vllm.v1.worker.cpu.model_runner:CPUModelRunner",
     ),
     calls=(
         _CPU,
-        "vllm.v1.worker.cpu_model_runner:CPUModelRunner",
-        "vllm.v1.worker.cpu_model_runner:CPUModelRunner.__init__",
         "vllm.v1.worker.gpu.model_runner:GPUModelRunner.__init__",
         f"{_CPU}.model_runner",
         _CURRENT_PLATFORM,
-        _USE_V2_ENV,
     ),
 )
 @functools.cache
@@ -508,9 +583,8 @@ def _cpu_worker() -> type:
         def init_device(self) -> None:
             refuse_unsupported(self.vllm_config, _CPU_WORKER)
             adapter = release_adapter(self.vllm_config, self.vllm_config)
-            # The module global init_device reads (not re-exported by vLLM, hence getattr):
-            # for MRv2 its class's own module, imported by init_device at call time.
-            module_name, _, name = _CPU_RUNNER_GLOBALS[adapter.runner].partition(":")
+            # The module global init_device reads (not re-exported by vLLM, hence getattr).
+            module_name, _, name = _cpu_runner_global(adapter.runner).partition(":")
             module = importlib.import_module(module_name)
             saved = getattr(module, name)
             cls = pipelined_class(adapter, saved)
@@ -531,15 +605,14 @@ def _cpu_worker() -> type:
 @vllm_uses(
     _BOTH,
     mirrors=(f"{_WORKER}._make_model_runner", f"{_XPU}._make_model_runner"),
-    calls=(
-        f"{_WORKER}.__init__",
-        f"{_WORKER}.use_v2_model_runner",
-        _CURRENT_PLATFORM,
-        _USE_V2_ENV,
-    ),
+    calls=(f"{_WORKER}.__init__", _CURRENT_PLATFORM),
 )
 def _accelerator_worker(
-    name: str, stock: Any, stock_name: str, bases: Mapping[str, Callable[[], type]], doc: str
+    name: str,
+    stock: Any,
+    stock_name: str,
+    bases: Mapping[str, Callable[[RunnerAdapter], type]],
+    doc: str,
 ) -> type:
     """A pipelined subclass of a ``gpu_worker.Worker`` (or of a subclass that builds its
     runner in ``_make_model_runner``, as ``XPUWorker`` does): v1 or MRv2, as vLLM decides.
@@ -554,8 +627,8 @@ def _accelerator_worker(
         def _make_model_runner(self) -> Any:
             # MMEncoderModelRunner was refused in __init__: this is v1 or MRv2 proper, as
             # the worker's use_v2_model_runner says.
-            adapter = release_adapter(self, self.vllm_config)
-            cls = pipelined_class(adapter, bases[adapter.runner]())
+            adapter = _worker_chose(self, self.vllm_config)
+            cls = pipelined_class(adapter, bases[adapter.runner](adapter))
             return cls(self.vllm_config, self.device)
 
     cls = PipelinedAcceleratorWorker
@@ -565,49 +638,100 @@ def _accelerator_worker(
     return cls
 
 
-#: The module global ``CPUWorker.init_device`` builds each runner from (patched for the call).
+#: Where vLLM has both runners (0.32, 0.33): the module global ``CPUWorker.init_device``
+#: builds each from (for MRv2, its class's own module, imported by ``init_device`` at call
+#: time). A vLLM with MRv2 only (0.34) builds it from ``cpu_worker``'s own global.
 _CPU_RUNNER_GLOBALS = {
     "v1": "vllm.v1.worker.cpu_worker:CPUModelRunner",
     "v2": "vllm.v1.worker.cpu.model_runner:CPUModelRunner",
 }
 
 
+@vllm_uses(
+    _BOTH,
+    mirrors=(f"{_CPU}.init_device", _CPU_RUNNER_GLOBALS["v2"]),
+    calls=(
+        "vllm.v1.worker.cpu_model_runner:CPUModelRunner",
+        "vllm.v1.worker.cpu_model_runner:CPUModelRunner.__init__",
+        _USE_V2_ENV,
+    ),
+    runner="v1",
+)
+def _cpu_runner_global(runner: str) -> str:
+    """The ``module:name`` of the global ``CPUWorker.init_device`` builds ``runner``
+    (``"v1"``/``"v2"``) from: :data:`_CPU_RUNNER_GLOBALS` where vLLM has a v1 runner, else
+    ``cpu_worker``'s own ``CPUModelRunner`` (0.34.0 imports MRv2's class there)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm.v1.worker.cpu_model_runner") is None:
+        return _CPU_RUNNER_GLOBALS["v1"]  # the same name, MRv2's class on 0.34
+    return _CPU_RUNNER_GLOBALS[runner]
+
+
 @vllm_uses("catalog_mrv2", calls=(MRV2_RUNNER,))
-def _gpu_v2_runner() -> type:
+def _gpu_v2_runner(adapter: RunnerAdapter) -> type:
+    del adapter
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
     return GPUModelRunner
 
 
-@vllm_uses("catalog_mrv2", calls=("vllm.v1.worker.xpu_model_runner:XPUModelRunnerV2",))
-def _xpu_v2_runner() -> type:
-    from vllm.v1.worker.xpu_model_runner import XPUModelRunnerV2
+@vllm_uses(_BOTH, calls=(V1_RUNNER,), runner="v1")
+def _gpu_v1_runner(adapter: RunnerAdapter) -> type:
+    del adapter
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    return XPUModelRunnerV2
+    return GPUModelRunner
+
+
+def _declared_runner(adapter: RunnerAdapter, stable: str) -> type:
+    """The vLLM class the adapter declares under the stable pipelined name ``stable`` (its
+    ``classes``: the XPU MRv2 runner is ``XPUModelRunnerV2`` through 0.33 and
+    ``XPUModelRunner`` from 0.34)."""
+    module, _, qualname = adapter.classes[stable].partition(":")
+    found: type = getattr(importlib.import_module(module), qualname)
+    return found
+
+
+@vllm_uses(
+    _BOTH,
+    calls=("vllm.v1.worker.xpu_model_runner:XPUModelRunner", _USE_V2_ENV),
+    runner="v1",
+)
+def _xpu_v1_runner(adapter: RunnerAdapter) -> type:
+    del adapter
+    from vllm.v1.worker.xpu_model_runner import XPUModelRunner
+
+    return XPUModelRunner
+
+
+@vllm_uses(
+    _BOTH,
+    calls=(f"{_WORKER}.use_v2_model_runner", _USE_V2_ENV),
+    runner="v1",
+)
+def _worker_chose(worker: Any, vllm_config: Any) -> RunnerAdapter:
+    """The adapter of the runner a GPU or XPU worker builds (its ``use_v2_model_runner``
+    where vLLM has the choice; Model Runner V2 where it has not), for the release the
+    contract matched."""
+    return release_adapter(worker, vllm_config)
 
 
 @vllm_uses(
     _BOTH,
     mirrors=(f"{_WORKER}._make_model_runner",),
-    calls=(
-        _WORKER,
-        V1_RUNNER,
-        MRV2_RUNNER,
-        _CURRENT_PLATFORM,
-        _USE_V2_ENV,
-    ),
+    calls=(_WORKER, MRV2_RUNNER, _CURRENT_PLATFORM),
 )
 @functools.cache
 def _gpu_worker() -> type:
     check_vllm_version()
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     from vllm.v1.worker.gpu_worker import Worker
 
     return _accelerator_worker(
         "PipelinedGPUWorker",
         Worker,
         _GPU_WORKER,
-        {"v1": lambda: GPUModelRunner, "v2": _gpu_v2_runner},
+        {"v1": _gpu_v1_runner, "v2": _gpu_v2_runner},
         """GPU ``Worker`` (CUDA, ROCm) whose runner initializes through an initpipe catalog:
         Model Runner V2 (vLLM's default on CUDA) or the v1 runner, as vLLM decides.
 
@@ -620,26 +744,21 @@ def _gpu_worker() -> type:
 @vllm_uses(
     _BOTH,
     mirrors=(f"{_XPU}._make_model_runner",),
-    calls=(
-        _XPU,
-        f"{_XPU}.__init__",
-        "vllm.v1.worker.xpu_model_runner:XPUModelRunner",
-        "vllm.v1.worker.xpu_model_runner:XPUModelRunnerV2",
-        _CURRENT_PLATFORM,
-        _USE_V2_ENV,
-    ),
+    calls=(_XPU, f"{_XPU}.__init__", _CURRENT_PLATFORM),
 )
 @functools.cache
 def _xpu_worker() -> type:
     check_vllm_version()
-    from vllm.v1.worker.xpu_model_runner import XPUModelRunner
     from vllm.v1.worker.xpu_worker import XPUWorker
 
     return _accelerator_worker(
         "PipelinedXPUWorker",
         XPUWorker,
         _XPU_WORKER,
-        {"v1": lambda: XPUModelRunner, "v2": _xpu_v2_runner},
+        {
+            "v1": _xpu_v1_runner,
+            "v2": functools.partial(_declared_runner, stable="PipelinedXPUModelRunnerV2"),
+        },
         """``XPUWorker`` whose runner (``XPUModelRunnerV2`` or v1's ``XPUModelRunner``,
         built under vLLM's torch.cuda-to-xpu shim) initializes through an initpipe catalog.
 

@@ -26,6 +26,7 @@ blocks are called whole: ``init_attn_backend``, ``BlockTables``,
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..catalogs import respec
@@ -89,8 +90,23 @@ def block_table_geometry(
     Encoder-decoder models index encoder tokens through cross-attention block tables, so
     their width covers ``max_num_encoder_input_tokens`` (and ``max_source_positions``).
     """
-    from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
     from vllm.v1.worker.block_table import get_block_table_width
+
+    return build_block_table_geometry(
+        vllm_config, kv_cache_config, max_model_len, runner_settings, get_block_table_width
+    )
+
+
+def build_block_table_geometry(
+    vllm_config: VllmConfig,
+    kv_cache_config: KVCacheConfig,
+    max_model_len: int,
+    runner_settings: RunnerV2Settings,
+    get_block_table_width: Callable[..., int],
+) -> BlockTableGeometry:
+    """The body of :func:`block_table_geometry`, over vLLM's ``get_block_table_width``
+    (a later release moved it: its variant passes it from there)."""
+    from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
 
     table_len = max_model_len
     if runner_settings.is_encoder_decoder:
@@ -390,12 +406,40 @@ def cudagraph_mode(
     """
     import vllm.envs as envs
     from vllm.v1.worker.gpu.cudagraph_utils import has_compiled_submodule
+
+    piecewise = bool(envs.VLLM_USE_BREAKABLE_CUDAGRAPH or has_compiled_submodule(model))
+    return resolve_cudagraph_mode(
+        vllm_config,
+        piecewise,
+        attn_cg_support,
+        adaptive_verification,
+        decode_query_len,
+        runner_kv_cache_config,
+        runner_settings,
+        is_profiling,
+        use_v2_model_runner=True,
+    )
+
+
+def resolve_cudagraph_mode(
+    vllm_config: VllmConfig,
+    piecewise: bool,
+    attn_cg_support: Any,
+    adaptive_verification: Any,
+    decode_query_len: int,
+    runner_kv_cache_config: KVCacheConfig,
+    runner_settings: RunnerV2Settings,
+    is_profiling: bool,
+    **release_kwargs: Any,
+) -> Any:
+    """The body of :func:`cudagraph_mode` once ``piecewise`` (whether piecewise capture is
+    available) is known; ``release_kwargs`` go to ``resolve_cudagraph_mode_and_sizes``
+    (what a release's signature adds: 0.32/0.33 take ``use_v2_model_runner``, 0.34 not)."""
     from vllm.v1.worker.gpu.spec_decode.adaptive_verification import (
         resolve_adaptive_cudagraph_mode,
     )
 
     cc = vllm_config.compilation_config
-    piecewise = bool(envs.VLLM_USE_BREAKABLE_CUDAGRAPH or has_compiled_submodule(model))
     if adaptive_verification is not None:
         cc.cudagraph_mode = resolve_adaptive_cudagraph_mode(
             cc.cudagraph_mode, piecewise_capture_available=piecewise
@@ -404,11 +448,11 @@ def cudagraph_mode(
         attn_cg_support.min_cg_support,
         attn_cg_support.min_cg_attn_backend,
         decode_query_len,
-        use_v2_model_runner=True,
         kv_cache_config=runner_kv_cache_config,
         max_num_reqs=runner_settings.max_num_reqs,
         is_profiling=is_profiling,
         piecewise_capture_available=piecewise,
+        **release_kwargs,
     )
 
 
@@ -429,16 +473,39 @@ def cudagraph_manager(
     Dropping it releases its graphs; the teardown leaves that to the run (the runner's
     reference goes with the KV phase, as stock's ``_teardown_profiling_state`` drops it).
     """
+    return build_cudagraph_manager(
+        vllm_config,
+        device,
+        cudagraph_mode,
+        lora_capture_cases,
+        adaptive_verification,
+        ubatch_runner,
+        decode_query_len=decode_query_len,
+    )
+
+
+def build_cudagraph_manager(
+    vllm_config: VllmConfig,
+    device: Any,
+    cudagraph_mode: Any,
+    lora_capture_cases: Any,
+    adaptive_verification: Any,
+    ubatch_runner: Any,
+    **query_lens: Any,
+) -> Any:
+    """The body of :func:`cudagraph_manager`; ``query_lens`` is how the release's
+    constructor takes the decode query length(s) (``decode_query_len=`` through 0.33,
+    ``decode_query_lens=`` from 0.34)."""
     from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
     return ModelCudaGraphManager(
         vllm_config,
         device,
         cudagraph_mode,
-        decode_query_len=decode_query_len,
         lora_capture_cases=lora_capture_cases,
         varlen_decode=adaptive_verification is not None,
         ubatch_runner=ubatch_runner,
+        **query_lens,
     )
 
 

@@ -20,7 +20,7 @@ runner's own references are dropped by the adapter. Each stage declares what it 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from initpipe import KV, stage
@@ -110,8 +110,21 @@ def _unbind_layers(kv_caches_by_layer: dict[str, Any], vllm_config: VllmConfig, 
     """Detach every layer's KV view (forward context and the model's modules) and drop the
     views, then return the memory to the allocator, as ``_teardown_profiling_state`` does.
     """
-    import torch
     from vllm.v1.hisparse.binding import release_hisparse_profiling_cache
+
+    unbind_layers(kv_caches_by_layer, vllm_config, model, release_hisparse_profiling_cache)
+
+
+def unbind_layers(
+    kv_caches_by_layer: dict[str, Any],
+    vllm_config: VllmConfig,
+    model: Any,
+    unbind_hisparse: Callable[[Any], Any],
+) -> None:
+    """The body of :func:`kv_caches_by_layer`'s teardown, over the release's HiSparse
+    unbinding (``release_hisparse_profiling_cache`` through 0.33,
+    ``unbind_hisparse_caches`` from 0.34), which takes the forward context."""
+    import torch
     from vllm.v1.worker.utils import clear_layer_kv_caches
 
     forward_context = vllm_config.compilation_config.static_forward_context
@@ -119,7 +132,7 @@ def _unbind_layers(kv_caches_by_layer: dict[str, Any], vllm_config: VllmConfig, 
     if model is not None:
         layers = itertools.chain(layers, model.modules())
     clear_layer_kv_caches(layers)
-    release_hisparse_profiling_cache(forward_context)
+    unbind_hisparse(forward_context)
     kv_caches_by_layer.clear()
     torch.accelerator.empty_cache()
 

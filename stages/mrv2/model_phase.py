@@ -25,6 +25,7 @@ No torch or vllm import at module import time.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from initpipe import MODEL, stage
@@ -202,6 +203,31 @@ def samplers(
     Only on the last PP rank of a generating model (both None elsewhere). ROCm registers
     the native top-k/top-p warm-ups first, as vLLM does.
     """
+    return build_samplers(
+        vllm_config,
+        device,
+        runner_settings,
+        req_states,
+        model_state,
+        decode_query_len,
+        custom_logits_processors,
+        jit_warmup_registry,
+    )
+
+
+def build_samplers(
+    vllm_config: VllmConfig,
+    device: Any,
+    runner_settings: RunnerV2Settings,
+    req_states: Any,
+    model_state: Any,
+    decode_query_len: int,
+    custom_logits_processors: Any,
+    jit_warmup_registry: Any,
+    check_custom: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """The body of :func:`samplers`; ``check_custom`` runs before a model state's own
+    sampler is adopted (a later release's check: its variant passes it)."""
     if not _samples(runner_settings):
         return {"sampler": None, "rejection_sampler": None}
     from vllm.platforms import current_platform
@@ -250,6 +276,8 @@ def samplers(
     rejection_sampler = None
     custom = model_state.custom_sampler(sampler)
     if custom:
+        if check_custom is not None:
+            check_custom()
         vllm_config._check_supports_watermarking(custom_sampler=True)
         sampler, rejection_sampler = custom
     elif vllm_config.speculative_config is not None:

@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 #: The vLLM releases with catalogs, oldest first.
-RELEASES: tuple[str, ...] = ("0.32.0", "0.33.0")
+RELEASES: tuple[str, ...] = ("0.32.0", "0.33.0", "0.34.0")
 #: The release zero-argument entry points build.
 DEFAULT_RELEASE = "0.32.0"
 #: What each runner (a catalog key) is called in a message.

@@ -223,11 +223,19 @@ def block_table_geometry(
     """The base stage's geometry plus each group's sliding-window reach
     (``SlidingWindowSpec.num_retained_tokens``, else 0), which 0.33's ``BlockTables`` masks
     the out-of-window block-table entries by."""
-    from vllm.v1.kv_cache_interface import SlidingWindowSpec, UniformTypeKVCacheSpecs
-
     geometry = _mrv2_kv.block_table_geometry(
         vllm_config, kv_cache_config, max_model_len, runner_settings
     )
+    return with_sliding_window_reach(geometry, kv_cache_config)
+
+
+def with_sliding_window_reach(
+    geometry: BlockTableGeometry, kv_cache_config: KVCacheConfig
+) -> BlockTableGeometry:
+    """``geometry`` with each group's sliding-window reach (the body of
+    :func:`block_table_geometry` after the base stage; 0.34's variant reuses it)."""
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec, UniformTypeKVCacheSpecs
+
     reach = []
     for group in kv_cache_config.kv_cache_groups:
         spec = group.kv_cache_spec

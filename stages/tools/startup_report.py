@@ -71,6 +71,7 @@ __all__ = [
     "SCHEMA",
     "SPAN_PHASES",
     "SPAN_SITES",
+    "V1_SPAN_SITES",
     "build",
 ]
 
@@ -107,8 +108,6 @@ SPAN_SITES: dict[str, str] = {
     "Executor init": "vllm.v1.executor.abstract:Executor.__init__",
     "Worker init": "vllm.v1.worker.worker_base:WorkerWrapperBase.init_worker",
     "Init device": "vllm.v1.worker.gpu_worker:Worker.init_device",
-    "Loading (GPU)": "vllm.v1.worker.gpu_model_runner:GPUModelRunner.load_model",
-    "Loading (CPU)": "vllm.v1.worker.cpu_model_runner:CPUModelRunner.load_model",
     "Load model": "vllm.model_executor.model_loader.base_loader:BaseModelLoader.load_model",
     "Load weights": (
         "vllm.model_executor.model_loader.default_loader:DefaultModelLoader.load_weights"
@@ -116,10 +115,18 @@ SPAN_SITES: dict[str, str] = {
     "Initialize model": "vllm.model_executor.model_loader.utils:initialize_model",
     "Allocate KV cache": "vllm.v1.worker.gpu_worker:Worker.initialize_from_config",
     "Warmup (GPU)": "vllm.v1.worker.gpu_worker:Worker.compile_or_warm_up_model",
-    "Warmup (CPU)": "vllm.v1.worker.cpu_model_runner:CPUModelRunner.warming_up_model",
-    "Capture model": "vllm.v1.worker.gpu_model_runner:GPUModelRunner.capture_model",
     "Compile graph": "vllm.compilation.backends:CompilerManager.compile",
     "API server setup": "vllm.entrypoints.launchers.launcher:setup_server",
+}
+#: The spans of Model Runner V1's runners: only the releases with that runner (0.32.0,
+#: 0.33.0) emit them. 0.34.0 has no v1 runner, and Model Runner V2 has no span of its own:
+#: its loading is under "Load model" (and the ``Worker.load_model`` probe), its capture
+#: under "Warmup (GPU)", its CPU warm-up under the CPU worker's memory-profiling probe.
+V1_SPAN_SITES: dict[str, str] = {
+    "Loading (GPU)": "vllm.v1.worker.gpu_model_runner:GPUModelRunner.load_model",
+    "Loading (CPU)": "vllm.v1.worker.cpu_model_runner:CPUModelRunner.load_model",
+    "Warmup (CPU)": "vllm.v1.worker.cpu_model_runner:CPUModelRunner.warming_up_model",
+    "Capture model": "vllm.v1.worker.gpu_model_runner:GPUModelRunner.capture_model",
 }
 
 #: The phase of each vLLM span (its own time; the phase of what runs inside is its own).
@@ -147,7 +154,7 @@ SPAN_PHASES: dict[str, str] = {
     "API server setup": "API server",
     "llm_request": "first token",
 }
-assert set(SPAN_SITES) <= set(SPAN_PHASES) and set(SPAN_PHASES.values()) <= set(PHASES)
+assert set(SPAN_SITES) | set(V1_SPAN_SITES) <= set(SPAN_PHASES) and set(SPAN_PHASES.values()) <= set(PHASES)
 
 #: The phases of the probes that time what happens anywhere (not one function).
 _TIMED_PHASES = {"gc": "garbage collection", "import": "imports and config"}
@@ -178,6 +185,7 @@ _MIN_GAP = 1e-3  # s: the gaps listed one by one (all of them count in unattribu
 
 # mirrors: their source is fingerprinted with its decorators, so a renamed span_name is a
 # change the doctor reports (a signature digest would not see it)
+@vllm_uses("startup", mirrors=tuple(V1_SPAN_SITES.values()), runner="v1")
 @vllm_uses("startup", mirrors=tuple(SPAN_SITES.values()))
 def phase_of(source: str, kind: str, name: str, attributes: Mapping[str, Any], process: str) -> str:
     """The phase a span's or interval's own time counts in."""

@@ -329,7 +329,7 @@ def rebuild_scheduler_kv(core: Any, new: Plan) -> None:
     _assign(core, new, manager, _spec_decode_step_blocks(core.scheduler, manager))
 
 
-@rebuild_scheduler_kv.variant("0.33.0")
+@rebuild_scheduler_kv.variant("0.33.0", "0.34.0")
 @vllm_uses(
     "resize",
     mirrors=("vllm.v1.core.sched.scheduler:Scheduler.__init__",),
@@ -341,7 +341,7 @@ def rebuild_scheduler_kv(core: Any, new: Plan) -> None:
         "vllm.v1.kv_cache_interface:KVCacheConfig",
         "vllm.v1.kv_cache_interface:MambaSpec",
     ),
-    release="0.33.0",
+    release=("0.33.0", "0.34.0"),
     replaces=("initpipe_vllm.live.core.replay:rebuild_scheduler_kv",),
 )
 def _rebuild_scheduler_kv_0_33_0(core: Any, new: Plan) -> None:

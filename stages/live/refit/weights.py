@@ -286,10 +286,12 @@ def _param_bytes(model: Any) -> int:
 
 
 @vllm_uses(
+    "refit", calls=("vllm.v1.worker.gpu_model_runner:GPUModelRunner.reload_weights",), runner="v1"
+)
+@vllm_uses(
     "refit",
     calls=(
         "vllm.v1.worker.gpu_worker:Worker.reload_weights",
-        "vllm.v1.worker.gpu_model_runner:GPUModelRunner.reload_weights",
         "vllm.v1.worker.gpu.model_runner:GPUModelRunner.reload_weights",
         "vllm.model_executor.model_loader.reload.inplace:reload_weights",
     ),
