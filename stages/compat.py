@@ -71,6 +71,41 @@ def blocks_override(cache_config: Any, num_blocks: Blocks) -> Iterator[None]:
         cache_config.num_gpu_blocks_override = saved
 
 
+def v1_runner_installed() -> bool:
+    """Whether the installed vLLM has Model Runner V1 (0.32, 0.33; 0.34.0 removed it), read
+    from its files without importing it: a process may choose its runner (the
+    ``VLLM_USE_V2_MODEL_RUNNER`` variable, which 0.34 refuses at ``0``) before vLLM loads."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    root = Path(next(iter(spec.submodule_search_locations)))
+    return (root / "v1" / "worker" / "gpu_model_runner.py").is_file()
+
+
+def runner_choice_env(runner: str) -> dict[str, str]:
+    """The environment that makes vLLM build ``runner``'s model runner (``"v1"`` or
+    ``"v2"``): ``VLLM_USE_V2_MODEL_RUNNER`` where the installed vLLM has both runners;
+    nothing where it has Model Runner V2 only (0.34 warns on ``1`` and refuses ``0``).
+
+    Raises:
+        UnsupportedRunnerError: ``"v1"`` on a vLLM without Model Runner V1.
+    """
+    if v1_runner_installed():
+        return {"VLLM_USE_V2_MODEL_RUNNER": "0" if runner == "v1" else "1"}
+    if runner == "v1":
+        from .errors import UnsupportedRunnerError
+
+        raise UnsupportedRunnerError(
+            "the installed vLLM has no Model Runner V1 (vLLM 0.34.0 removed it): run "
+            "Model Runner V2 (`--model-runner v2`, or leave it to vLLM), or install "
+            "vLLM 0.32.0 or 0.33.0 for the v1 runner."
+        )
+    return {}
+
+
 @by_release("resize")
 @vllm_uses(("plan", "resize"), calls=("vllm.v1.core.kv_cache_utils:get_kv_cache_configs",))
 def plan_kv_cache_configs(

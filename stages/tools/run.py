@@ -398,10 +398,11 @@ def _select_model_runner(choice: str) -> None:
     """
     if choice == "auto":
         return
+    from ..compat import runner_choice_env
+
+    os.environ.update(runner_choice_env("v1" if choice == "v1" else "v2"))
     if choice == "v1":
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         return
-    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     if os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
         from ..testing.triton_cpu import enable_in_process
 

@@ -294,14 +294,14 @@ def _env(args: Any, rx: Receiver, marks: Path) -> dict[str, str]:
         from ..hook.parallel import default_cpu_thread_binding
 
         default_cpu_thread_binding(args.tensor_parallel_size, env)
-    if args.model_runner == "v1":
-        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-    elif args.model_runner == "v2":
-        env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
-        if _test_device(args):
-            from ..testing.triton_cpu import environ
+    if args.model_runner in ("v1", "v2"):
+        from ..compat import runner_choice_env
 
-            env = environ(env)
+        env.update(runner_choice_env(args.model_runner))
+    if args.model_runner == "v2" and _test_device(args):
+        from ..testing.triton_cpu import environ
+
+        env = environ(env)
     return env
 
 

