@@ -13,7 +13,7 @@ STAMP   := $(VENV)/.installed
 TEST_WORKERS ?= 2
 PYTEST_ARGS  := -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
 
-.PHONY: run test test-release test-loaded test-core check check-deep install sysdeps device bench clean docs docs-serve
+.PHONY: run test test-release test-device test-loaded test-core check check-deep install sysdeps device bench clean docs docs-serve
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -42,6 +42,12 @@ sysdeps:
 DEVICE_RELEASE ?= 0.33.0
 DEVICE         := .venv-vllm-$(DEVICE_RELEASE)
 DEVICE_ENV     := VLLM_TARGET_DEVICE=cpu VLLM_CACHE_ROOT=$(CURDIR)/$(DEVICE)/vllm-cache
+# 0.34.0 has Model Runner V2 only: each of its processes starts on Triton's interpreter
+# with the fake "cpu" backend (stages/testing/triton_cpu.py).
+DEVICE_ENV_0.34.0 := PYTHONPATH=$(CURDIR)/stages/testing/triton_cpu_site TRITON_INTERPRET=1 \
+    TORCHINDUCTOR_TRITON_DISABLE_DEVICE_DETECTION=1
+#: The releases of the release tier, each on its own device.
+TEST_DEVICES ?= 0.33.0 0.34.0
 
 device: $(STAMP)
 	$(BIN)/python scripts/vllm_device.py --release $(DEVICE_RELEASE) --base $(VENV)
@@ -49,15 +55,23 @@ device: $(STAMP)
 run: $(STAMP)
 	VLLM_TARGET_DEVICE=cpu $(BIN)/initpipe run
 
-# Both tiers: the whole suite on vLLM 0.32.0 (the base venv), then the release tier on the
-# 0.33.0 device: the tests marked `proof` (tests/conftest.py: RELEASE_PROOFS), which every
-# supported release passes against its own stock vLLM.
+# Every tier: the whole suite on vLLM 0.32.0 (the base venv), then the release tier on the
+# 0.33.0 and 0.34.0 devices: the tests marked `proof` (tests/release_tier.py), which every
+# supported release passes against its own stock vLLM (0.34.0: Model Runner V2's).
 test: $(STAMP) sysdeps
 	VLLM_TARGET_DEVICE=cpu $(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-release
 
-test-release: device
-	$(DEVICE_ENV) $(DEVICE)/bin/python -m pytest $(PYTEST_ARGS) -m proof
+test-release: $(STAMP)
+	@set -e; for r in $(TEST_DEVICES); do \
+	  $(MAKE) --no-print-directory device DEVICE_RELEASE=$$r; \
+	  echo "release tier: vLLM $$r (its test device)"; \
+	  $(MAKE) --no-print-directory test-device DEVICE_RELEASE=$$r; \
+	done
+
+# The release tier on one device (DEVICE_RELEASE).
+test-device:
+	$(DEVICE_ENV) $(DEVICE_ENV_$(DEVICE_RELEASE)) $(DEVICE)/bin/python -m pytest $(PYTEST_ARGS) -m proof
 
 # The same suite while busy loops keep every core loaded: a test that depends on the
 # machine's speed fails here.

@@ -21,7 +21,9 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
-from release_tier import RELEASE_PROOFS, names
+from release_tier import V1_ONLY, names, proofs
+
+from initpipe_vllm.compat import v1_runner_installed
 
 #: Modules that start engines or servers, slowest first (seconds measured quiet on 2 cores,
 #: one worker; ``make test`` prints the slowest tests, by which to keep this list in step).
@@ -66,7 +68,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "proof: a proof against stock vLLM that every supported release passes "
-        "(tests/conftest.py: RELEASE_PROOFS; run on the 0.33.0 device by make test-release)",
+        "(tests/release_tier.py; run on the 0.33.0 and 0.34.0 devices by make test-release)",
     )
 
 
@@ -74,11 +76,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the :data:`RELEASE_PROOFS` ``proof``; put the :data:`SLOW_FIRST` modules first,
     in that order (a stable sort: the order within a module, and of the other modules, is
     kept)."""
+    has_v1 = v1_runner_installed()
+    tier = proofs(has_v1)
     for item in items:
-        if any(names(item.nodeid, p) for p in RELEASE_PROOFS):
+        if any(names(item.nodeid, p) for p in tier):
             item.add_marker(pytest.mark.proof)
+        if not has_v1 and _runs_v1(item):
+            item.add_marker(
+                pytest.mark.skip(reason="this vLLM has no Model Runner V1 (0.34.0 removed it)")
+            )
     rank = {module: i for i, module in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
+def _runs_v1(item: pytest.Item) -> bool:
+    """Whether ``item`` runs Model Runner V1: parametrized ``"v1"`` (alone or in a tuple),
+    or one of the v1-only tests (:data:`release_tier.V1_ONLY`)."""
+    if any(names(item.nodeid, p) for p in V1_ONLY):
+        return True
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(v == "v1" or (isinstance(v, tuple) and "v1" in v) for v in params.values())
 
 
 @pytest.fixture(scope="session", autouse=True)

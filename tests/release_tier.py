@@ -1,11 +1,13 @@
 """The release tier: the proofs that every vLLM release initpipe supports passes against its
 own stock vLLM. ``tests/conftest.py`` marks them ``proof``; ``make test`` runs the whole suite
 on vLLM 0.32.0, then these (``-m proof``) on the vLLM 0.33.0 test device
-(``make test-release``; the device is for tests, never the product path)."""
+(``make test-release``), then on the vLLM 0.34.0 device, a release with Model Runner V2
+only, which skips the v1 proofs and runs MRv2's counterparts (:func:`proofs`). The devices
+are for tests, never the product path."""
 
 from __future__ import annotations
 
-__all__ = ["RELEASE_PROOFS", "names"]
+__all__ = ["MRV2_ONLY_PROOFS", "RELEASE_PROOFS", "V1_ONLY", "names", "proofs"]
 
 #: The release tier: the proofs that every vLLM release initpipe supports passes against its
 #: own stock vLLM, marked ``proof``. ``make test`` runs the whole suite on vLLM 0.32.0, then
@@ -105,6 +107,48 @@ RELEASE_PROOFS = (
     "tests/startup/test_probes.py",  # every probe's target is in the release
     "tests/vllm/test_stage_spans.py::test_a_failing_stage_is_an_error_span_and_the_rollback_is_there",
 )
+
+
+#: Proofs of :data:`RELEASE_PROOFS` that are Model Runner V1's whatever their parameters
+#: (the v1 harness, the v1 runner in-process, ``initpipe plan``): a release without that
+#: runner (0.34.0) skips them, as it skips every test parametrized ``"v1"``.
+V1_ONLY = (
+    "tests/vllm/test_engine_equivalence.py",
+    "tests/vllm/test_runner.py",
+    "tests/reliability/test_fault_injection.py",
+    "tests/vllm_plan/test_vllm_plan.py",
+    "tests/startup/test_startup_engines.py::test_in_process_the_tree_nests_initpipes_stages_in_vllms_spans",
+    # `initpipe plan` plans with the v1 catalog (on the meta device), also for MRv2
+    "tests/vllm/test_mrv2.py::test_an_mrv2_plan_is_what_stock_mrv2_allocates",
+)
+
+#: The release tier of a release with Model Runner V2 only (0.34.0) adds MRv2's
+#: counterparts of the v1 proofs it skips: stock == pipelined MRv2 on every embedded model
+#: (and TP=2 with the engine core in its own process); live resize, release and resume,
+#: and the rollbacks, on MRv2 in-process and at TP=2; the HTTP routes on an MRv2 server.
+MRV2_ONLY_PROOFS = (
+    "tests/vllm/test_mrv2.py",
+    *(
+        f"tests/vllm/test_resize.py::{test}[v2"
+        for test in (
+            "test_the_oracles_are_stock_vllm",
+            "test_a_resized_engine_is_a_fresh_engine_of_that_size",
+            "test_release_frees_everything_and_refuses_requests_until_resume",
+            "test_a_fault_at_any_kv_stage_rolls_back_to_the_previous_size",
+            "test_a_failure_in_the_scheduler_step_rolls_back_to_the_previous_size",
+        )
+    ),
+    "tests/vllm/test_resize_parallel.py::test_the_oracles_are_stock_vllm_on_every_rank[v2]",
+    "tests/vllm/test_resize_parallel.py::test_every_rank_resizes_to_a_fresh_engine_of_the_new_size[v2]",
+    "tests/vllm/test_resize_parallel.py::test_a_refit_reaches_every_rank_and_back_equals_a_fresh_engine[v2]",
+    "tests/vllm/test_serve.py::test_the_oracle_servers_are_stock_vllm[v2]",
+    "tests/vllm/test_serve.py::test_completions_after_a_shrink_and_a_grow_equal_fresh_servers[v2",
+)
+
+
+def proofs(has_v1: bool) -> tuple[str, ...]:
+    """The release tier of a release with (``has_v1``) or without Model Runner V1."""
+    return RELEASE_PROOFS if has_v1 else (*RELEASE_PROOFS, *MRV2_ONLY_PROOFS)
 
 
 def names(nodeid: str, proof: str) -> bool:

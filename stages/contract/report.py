@@ -445,5 +445,29 @@ def installed_release(capability: str) -> str:
             f"{capability} ({type(err).__name__}: {err}). {refusal_fix()}"
         ) from err
     if found.release is None:
+        missing = _missing_runner(capability)
+        if missing is not None:
+            raise UnsupportedRunnerError(missing)
         raise UnsupportedRunnerError(f"{found.describe()}. {refusal_fix()}")
     return found.release
+
+
+def _missing_runner(capability: str) -> str | None:
+    """Why ``capability`` cannot run when it is one runner's and the installed vLLM has no
+    such runner (0.34.0 and Model Runner V1: the v1 catalog, ``initpipe plan``); None when
+    the runner is there (then the code differs: the contract's refusal says what)."""
+    runner = CAPABILITY_RUNNER.get(capability)  # type: ignore[call-overload]
+    if runner is None:
+        return None
+    source = open_source(None)
+    runner_class = RUNNER_CLASSES[runner]
+    found = Index(source).resolve(runner_class, "calls", via(runner_class))
+    if found.status == "found":
+        return None
+    from ..releases import releases_with, runner_title
+
+    title = runner_title(runner)
+    return (
+        f"the installed vLLM {source.version} has no {title} ({runner_class} is not there), "
+        f"which {capability} needs; the releases with it: {', '.join(releases_with(runner))}"
+    )

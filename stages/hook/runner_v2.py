@@ -745,9 +745,7 @@ def clear_kv_state_v2_0_34_0(runner: Any) -> None:
 @vllm_uses(
     "catalog_mrv2",
     mirrors=adapter.host_uses(_RUNNER, "mirrors", _TEARDOWN),
-    calls=adapter.host_uses(
-        _RUNNER, "calls", f"{_XPU_0_34_0}.__init__", *_CLASSES_0_34_0.values()
-    ),
+    calls=adapter.host_uses(_RUNNER, "calls", f"{_XPU_0_34_0}.__init__", *_CLASSES_0_34_0.values()),
     release="0.34.0",
     replaces=("initpipe_vllm.hook.runner_v2:_v2_adapter",),
 )

@@ -40,8 +40,12 @@ from typing import TYPE_CHECKING, Any
 from initpipe import KV, MODEL, Extension, get_spec, stage
 
 from ..catalogs import respec, runner_step
-from ..mrv2 import INITPIPE_INPUTS as _MRV2_INPUTS, kv_phase as _mrv2_kv, model_phase as _mrv2_model
-from ..mrv2 import kv_tensors as _mrv2_kv_tensors
+from ..mrv2 import (
+    INITPIPE_INPUTS as _MRV2_INPUTS,
+    kv_phase as _mrv2_kv,
+    kv_tensors as _mrv2_kv_tensors,
+    model_phase as _mrv2_model,
+)
 from ..mrv2.types import BlockTableGeometry, RunnerV2Settings
 from ..vllm_names import DRAFT_SPECULATOR as _DRAFT, MRV2_RUNNER as _MRV2, MRV2_TEARDOWN
 from . import v0_33_0 as _v0_33_0
@@ -212,7 +216,9 @@ _BREAKABLE = "vllm.compilation.breakable_cudagraph:is_breakable_cudagraph_enable
     provides="cudagraph_mode",
     after=("mamba_ssu_backend",),
     effects=("compilation_config.cudagraph_mode", "compilation_config capture sizes"),
-    meta=_meta(_mrv2_kv.cudagraph_mode, _BREAKABLE, drop=("vllm.envs:VLLM_USE_BREAKABLE_CUDAGRAPH",)),
+    meta=_meta(
+        _mrv2_kv.cudagraph_mode, _BREAKABLE, drop=("vllm.envs:VLLM_USE_BREAKABLE_CUDAGRAPH",)
+    ),
 )
 def cudagraph_mode(
     vllm_config: VllmConfig,
@@ -327,7 +333,9 @@ def replayssm_block_copy_tensors(vllm_config: VllmConfig, model_state_kv: bool) 
     FlashInfer ReplaySSM Mamba layers), the runner's ``replayssm_block_copy_tensors``:
     ``update_requests`` reads it unguarded. Every phase, profiling included, as stock.
     ``model_state_kv`` orders it after the model state's KV hook."""
-    from vllm.v1.worker.replayssm_utils import get_replayssm_block_copy_tensors
+    from vllm.v1.worker.replayssm_utils import (  # type: ignore[import-not-found, unused-ignore]
+        get_replayssm_block_copy_tensors,
+    )
 
     return list(
         get_replayssm_block_copy_tensors(vllm_config.compilation_config.static_forward_context)

@@ -86,8 +86,8 @@ def environ(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """A copy of ``base`` (default ``os.environ``) that makes a fresh Python process run MRv2.
 
     Sets ``TRITON_INTERPRET=1``, ``VLLM_USE_V2_MODEL_RUNNER=1`` (where vLLM has both
-    runners) and ``TORCHINDUCTOR_TRITON_DISABLE_DEVICE_DETECTION=1`` and puts :data:`SITE_DIR` first on
-    ``PYTHONPATH``.
+    runners) and ``TORCHINDUCTOR_TRITON_DISABLE_DEVICE_DETECTION=1`` and puts
+    :data:`SITE_DIR` first on ``PYTHONPATH``.
     """
     from ..compat import runner_choice_env
 

@@ -154,7 +154,9 @@ SPAN_PHASES: dict[str, str] = {
     "API server setup": "API server",
     "llm_request": "first token",
 }
-assert set(SPAN_SITES) | set(V1_SPAN_SITES) <= set(SPAN_PHASES) and set(SPAN_PHASES.values()) <= set(PHASES)
+assert set(SPAN_SITES) | set(V1_SPAN_SITES) <= set(SPAN_PHASES) and set(
+    SPAN_PHASES.values()
+) <= set(PHASES)
 
 #: The phases of the probes that time what happens anywhere (not one function).
 _TIMED_PHASES = {"gc": "garbage collection", "import": "imports and config"}

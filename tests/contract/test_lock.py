@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from initpipe_vllm.contract import lock as lock_mod
 from initpipe_vllm.compat import v1_runner_installed
+from initpipe_vllm.contract import lock as lock_mod
 from initpipe_vllm.contract.declare import (
     CAPABILITIES,
     CAPABILITY_RUNNER,

@@ -46,9 +46,10 @@ def _span_names(module: str, qualname: str) -> list[str]:
 @pytest.mark.parametrize(("span", "site"), sorted((SPAN_SITES | V1_SPAN_SITES).items()))
 def test_the_function_gives_the_span_its_name(span: str, site: str) -> None:
     module, _, qualname = site.partition(":")
-    if span in V1_SPAN_SITES and not _vllm_root().joinpath(*module.split(".")[1:]).with_suffix(
-        ".py"
-    ).exists():
+    if (
+        span in V1_SPAN_SITES
+        and not _vllm_root().joinpath(*module.split(".")[1:]).with_suffix(".py").exists()
+    ):
         pytest.skip(f"this vLLM has no Model Runner V1 ({module}): no {span!r} span")
     assert _span_names(module, qualname) == [span]
 
