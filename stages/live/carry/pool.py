@@ -35,8 +35,9 @@ from typing import Any
 import attrs
 
 from ...contract.declare import vllm_uses
+from ...contract.variants import by_release
 
-__all__ = ["CarryPlan", "PoolState", "apply_carry", "plan_carry", "read_pool"]
+__all__ = ["CarryPlan", "PoolState", "apply_carry", "map_entries", "plan_carry", "read_pool"]
 
 
 @attrs.frozen(kw_only=True)
@@ -112,10 +113,7 @@ def read_pool(pool: Any) -> PoolState | str:
         if block.block_hash is not None and not block.is_null:
             primary[block.block_id] = (block.block_hash, block.block_hash_num_tokens)
     extras = {b: frozenset(keys) for b, keys in pool.cached_block_hashes_by_block.items() if keys}
-    entries = []
-    for key, value in pool.cached_block_hash_to_block._cache.items():
-        ids = (value.block_id,) if hasattr(value, "block_id") else tuple(value)
-        entries.append((key, ids))
+    entries = map_entries(pool.cached_block_hash_to_block)
     return PoolState(
         num_blocks=pool.num_gpu_blocks,
         queue=tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks()),
@@ -124,6 +122,39 @@ def read_pool(pool: Any) -> PoolState | str:
         entries=tuple(entries),
         events=tuple(getattr(pool, "kv_event_queue", ())),
     )
+
+
+@by_release("resize")
+@vllm_uses("resize", mirrors=("vllm.v1.core.block_pool:BlockHashToBlockMap.insert",))
+def map_entries(table: Any) -> list[tuple[Any, tuple[int, ...]]]:
+    """The prefix cache's hash map as (key, block ids in insertion order): through 0.33 a
+    key maps to its block, or to a dict of its blocks by id where several hold it."""
+    entries = []
+    for key, value in table._cache.items():
+        ids = (value.block_id,) if hasattr(value, "block_id") else tuple(value)
+        entries.append((key, ids))
+    return entries
+
+
+@map_entries.variant("0.34.0")
+@vllm_uses(
+    "resize",
+    mirrors=(
+        "vllm.v1.core.block_pool:BlockHashToBlockMap.__init__",
+        "vllm.v1.core.block_pool:BlockHashToBlockMap.insert",
+        "vllm.v1.core.block_pool:BlockHashToBlockMap.pop",
+    ),
+    release="0.34.0",
+    replaces=("initpipe_vllm.live.carry.pool:map_entries",),
+)
+def _map_entries_0_34_0(table: Any) -> list[tuple[Any, tuple[int, ...]]]:
+    """0.34's map holds a block id per key (``_cache``) and, for a key several blocks hold,
+    all their ids in insertion order (``_dup_ids``, the first being ``_cache``'s; a pop
+    promotes the next): re-inserting the ids in that order rebuilds the same map."""
+    return [
+        (key, tuple(table._dup_ids[key]) if key in table._dup_ids else (block_id,))
+        for key, block_id in table._cache.items()
+    ]
 
 
 def plan_carry(state: PoolState, num_blocks: int) -> CarryPlan:

@@ -104,6 +104,11 @@ def _qualname(obj: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+@vllm_uses(
+    ("resize", "refit"),
+    calls=("vllm.config.cache:CacheConfig.enable_extensible_kv_cache",),
+    release="0.34.0",
+)
 def check_engine(
     core: Any,
     statuses: list[RankStatus | RankFailure],
@@ -130,6 +135,16 @@ def check_engine(
         if not found.ok:
             raise refuse("engine", found.describe())
     engine_state(core).release = found.release
+    if getattr(core.vllm_config.cache_config, "enable_extensible_kv_cache", False):
+        # 0.34.0's VMM-backed cache: pipelined workers decline it at start-up, so an engine
+        # with it on runs stock workers; its size is committed by extend_kv_cache, which no
+        # replay calls (written from vLLM's code: CUDA/ROCm only, never run here)
+        raise refuse(
+            "engine",
+            "the extensible KV cache is on (vLLM's default on CUDA and ROCm from 0.34.0): a "
+            "live resize or refit does not replay its sizing; start the engine with initpipe's "
+            "pipelined worker (which turns it off) or with --no-enable-extensible-kv-cache",
+        )
     parallel = core.vllm_config.parallel_config
     if parallel.data_parallel_size > 1:
         raise refuse(
