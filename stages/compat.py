@@ -106,6 +106,17 @@ def runner_choice_env(runner: str) -> dict[str, str]:
     return {}
 
 
+def runner_from_env() -> str:
+    """The runner (``"v1"`` or ``"v2"``) this process's environment makes vLLM build, as
+    :func:`runner_choice_env` set it: ``"v2"`` under ``VLLM_USE_V2_MODEL_RUNNER=1`` or where
+    vLLM has Model Runner V2 only, else ``"v1"``."""
+    import os
+
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1" or not v1_runner_installed():
+        return "v2"
+    return "v1"
+
+
 @by_release("resize")
 @vllm_uses(("plan", "resize"), calls=("vllm.v1.core.kv_cache_utils:get_kv_cache_configs",))
 def plan_kv_cache_configs(

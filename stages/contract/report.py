@@ -46,6 +46,7 @@ __all__ = [
     "Verdict",
     "compare",
     "installed_release",
+    "missing_runner",
     "refusal_fix",
     "verdict",
 ]
@@ -445,14 +446,14 @@ def installed_release(capability: str) -> str:
             f"{capability} ({type(err).__name__}: {err}). {refusal_fix()}"
         ) from err
     if found.release is None:
-        missing = _missing_runner(capability)
+        missing = missing_runner(capability)
         if missing is not None:
             raise UnsupportedRunnerError(missing)
         raise UnsupportedRunnerError(f"{found.describe()}. {refusal_fix()}")
     return found.release
 
 
-def _missing_runner(capability: str) -> str | None:
+def missing_runner(capability: str) -> str | None:
     """Why ``capability`` cannot run when it is one runner's and the installed vLLM has no
     such runner (0.34.0 and Model Runner V1: the v1 catalog, ``initpipe plan``); None when
     the runner is there (then the code differs: the contract's refusal says what)."""

@@ -307,12 +307,15 @@ def installed_adapter(runner: str) -> RunnerAdapter:
     Raises:
         UnsupportedRunnerError: no adapter for ``runner``.
     """
-    from ..contract.report import installed_release
+    from ..contract.report import installed_release, missing_runner
 
     default = runner_adapter(runner)
     try:
         release = installed_release(default.capability)
     except UnsupportedRunnerError:
+        missing = missing_runner(default.capability)
+        if missing is not None:  # no such runner in this vLLM (v1 on 0.34.0): no default
+            raise UnsupportedRunnerError(missing) from None
         return default
     return runner_adapter(runner, release)
 

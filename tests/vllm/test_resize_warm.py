@@ -265,9 +265,10 @@ def shrink_queries(history: list[list[int]]) -> list[list[int]]:
 
 def main(out: str, weights_dir: str) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from initpipe_vllm.compat import runner_from_env
     from initpipe_vllm.testing.equivalence import loadable_model
 
-    version = "v2" if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1" else "v1"
+    version = runner_from_env()
     with loadable_model(MODEL, weights_dir=weights_dir) as (folder, extra):
         block_size = 128
         history = _history(block_size)

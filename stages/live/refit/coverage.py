@@ -35,10 +35,12 @@ from typing import Any
 import attrs
 
 from ...contract.declare import vllm_uses
+from ...contract.variants import by_release
 from ...hook.fresh_load import (
     FreshLoad,
     WriteLog,
     fresh_load,
+    hook_modules,
     param_name,
     parameters,
     record_fresh_load,
@@ -47,6 +49,7 @@ from ...hook.fresh_load import (
 )
 
 __all__ = [
+    "DIRECT_RELOAD",
     "REPAIRABLE",
     "Coverage",
     "FreshLoad",
@@ -67,6 +70,11 @@ REPAIRABLE = ("UnquantizedEmbeddingMethod",)
 
 @vllm_uses(
     "refit",
+    calls=("vllm.model_executor.model_loader.reload.direct:direct_reload_enabled",),
+    release="0.34.0",
+)
+@vllm_uses(
+    "refit",
     mirrors=("vllm.model_executor.model_loader.weight_tying:_get_untied_lm_head",),
     calls=("vllm.model_executor.layers.vocab_parallel_embedding:VocabParallelEmbedding",),
 )
@@ -79,14 +87,23 @@ def unrepairable(model: Any, record: FreshLoad) -> list[str]:
     embedding or head (``VocabParallelEmbedding``) whose weight is another's; the checkpoint
     loads one of them, and the other is left unprocessed. Any other module left unprocessed
     is caught after the load (:func:`check`), and the refit fails closed."""
+    import importlib.util
+
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
+    lines = []
+    if importlib.util.find_spec("vllm.model_executor.model_loader.reload.direct") is not None:
+        from vllm.model_executor.model_loader.reload.direct import (  # type: ignore[import-not-found, unused-ignore]
+            direct_reload_enabled,
+        )
+
+        if direct_reload_enabled():  # 0.34.0's
+            lines.append(DIRECT_RELOAD)
     by_storage: dict[int, dict[int, tuple[str, Any]]] = {}
     for mname, _pname, module, p in parameters(model):
         ptr = storage(p)
         if ptr is not None and isinstance(module, VocabParallelEmbedding):
             by_storage.setdefault(ptr, {}).setdefault(id(module), (mname, module))
-    lines = []
     for group in by_storage.values():
         if len(group) < 2:
             continue
@@ -153,6 +170,7 @@ class ReloadLog:
     )
 
 
+@by_release("refit")
 @vllm_uses(
     "refit",
     mirrors=(
@@ -168,6 +186,74 @@ def tracking_reload(model: Any) -> Iterator[ReloadLog]:
     its weight loaders wrote (vLLM's own ``info.loaded_weights``) and whether all the
     layer's elements arrived (``load_numel`` against ``load_numel_total``). vLLM's
     functions run unchanged."""
+    with _tracking(model) as log:
+        yield log
+
+
+@tracking_reload.variant("0.34.0")
+@vllm_uses(
+    "refit",
+    mirrors=(
+        "vllm.model_executor.model_loader.reload.layerwise:_layerwise_process",
+        "vllm.model_executor.model_loader.reload.layerwise:_finalize_attention_layer",
+        "vllm.model_executor.model_loader.reload.layerwise:_get_original_loader",
+        "vllm.model_executor.model_loader.reload.layerwise:finalize_layerwise_reload",
+        # the module global finalize_layerwise_reload calls, patched for the reload
+        "vllm.model_executor.model_loader.reload.layerwise:finalize_model_weights",
+        "vllm.model_executor.model_loader.weight_utils:finalize_model_weights",
+        "vllm.model_executor.model_loader.reload.types:LayerReloadingInfo",
+    ),
+    calls=(
+        "vllm.model_executor.model_loader.reload.direct:direct_reload_enabled",
+        "vllm.model_executor.layers.attention:is_deferred_attention_layer",
+    ),
+    release="0.34.0",
+    replaces=("initpipe_vllm.live.refit.coverage:tracking_reload",),
+)
+@contextlib.contextmanager
+def _tracking_reload_0_34_0(model: Any) -> Iterator[ReloadLog]:
+    """0.34's reload runs every module's own post-load hook (attention layers' included)
+    from ``finalize_model_weights`` once the layerwise pass is done: each module that call
+    reaches (:func:`~initpipe_vllm.hook.fresh_load.hook_modules`) is logged when it
+    returns, an attention layer as ``attention``, any other as ``hook``. A direct reload
+    (``VLLM_RELOAD_MODE=direct``) bypasses the layerwise bookkeeping this reads: refused
+    before any weight changes (:func:`unrepairable` says so first)."""
+    import vllm.model_executor.model_loader.reload.layerwise as layerwise
+    from vllm.model_executor.layers.attention import is_deferred_attention_layer
+    from vllm.model_executor.model_loader.reload.direct import (  # type: ignore[import-not-found, unused-ignore]
+        direct_reload_enabled,
+    )
+
+    if direct_reload_enabled():
+        raise RuntimeError(DIRECT_RELOAD)
+    finalize = layerwise.finalize_model_weights
+
+    def logged(target: Any, *args: Any, **kwargs: Any) -> Any:
+        result = finalize(target, *args, **kwargs)
+        if target is model:
+            for name, module in hook_modules(model).items():
+                attention = is_deferred_attention_layer(module)
+                log.processed[name] = "attention" if attention else "hook"
+        return result
+
+    with _tracking(model) as log:
+        layerwise.finalize_model_weights = logged
+        try:
+            yield log
+        finally:
+            layerwise.finalize_model_weights = finalize
+
+
+#: Why a refit refuses vLLM's direct reload (0.34.0's ``VLLM_RELOAD_MODE=direct``).
+DIRECT_RELOAD = (
+    "VLLM_RELOAD_MODE=direct: vLLM's direct reload bypasses the layerwise bookkeeping a "
+    "refit checks its load against; unset it (vLLM's default is layerwise) for a refit"
+)
+
+
+@contextlib.contextmanager
+def _tracking(model: Any) -> Iterator[ReloadLog]:
+    """The body of :func:`tracking_reload`."""
     import vllm.model_executor.model_loader.reload.layerwise as layerwise
 
     names = {id(m): n for n, m in model.named_modules()}
