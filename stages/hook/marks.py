@@ -16,7 +16,9 @@ a time):
 - an ``{"kind": "interval", "name", "start_s", "end_s"}`` line per measured interval:
   ``"engine config"`` around ``EngineArgs.create_engine_config`` (a wrapper, installed
   once per process) and whatever :func:`interval` records (the ``startup run`` child's
-  own: ``"interpreter start"``, ``"import vllm"``, ``"first token"``).
+  own: ``"interpreter start"``, ``"import vllm"``, ``"first token"``);
+- a ``{"kind": "note", "text"}`` line where initpipe changed the start and says so
+  (:func:`note`: the pipelined worker declining vLLM 0.34's extensible KV cache).
 
 **Flush on request.** vLLM exports spans in batches and flushes only at exit, while it
 stops workers with SIGTERM and then kills them. So, where ``SIGUSR1`` is at its default,
@@ -77,6 +79,12 @@ def _write(record: dict[str, Any]) -> None:
             f.write(line)
     except OSError:
         pass  # a measurement must never stop vLLM
+
+
+def note(text: str) -> None:
+    """Record what initpipe changed about this start, in words (the report lists each
+    note under the processes that wrote it); nothing outside ``startup run``."""
+    _write({"kind": "note", "text": text})
 
 
 def interval(name: str, start_s: float, end_s: float) -> None:

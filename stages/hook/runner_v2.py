@@ -742,6 +742,57 @@ def clear_kv_state_v2_0_34_0(runner: Any) -> None:
     runner.aux_output_connector = aux
 
 
+_SWITCH_POOL = (
+    "vllm.distributed.elastic_ep.elastic_execute:"
+    "ElasticEPScalingExecutor._switch_to_fresh_graph_pool"
+)
+
+
+@vllm_uses(
+    "catalog_mrv2",
+    mirrors=(_ELASTIC_RELEASE, _SWITCH_POOL, _TEARDOWN),
+    calls=(
+        f"{_CG}:CudaGraphManager",
+        f"{_CG}:CudaGraphManager.pool",
+        "vllm.platforms:current_platform",
+        "vllm.platforms.interface:Platform._global_graph_pool",
+        "vllm.compilation.cuda_graph:CUDAGraphWrapper",
+        "vllm.compilation.cuda_graph:CUDAGraphWrapper._all_instances",
+        "vllm.compilation.breakable_cudagraph:BreakableCUDAGraphWrapper",
+        "vllm.compilation.breakable_cudagraph:BreakableCUDAGraphWrapper._all_instances",
+    ),
+    release="0.34.0",
+    replaces=("initpipe_vllm.hook.runner_v2:release_cuda_graphs_v2",),
+)
+def release_cuda_graphs_v2_0_34_0(runner: Any) -> int:
+    """0.32's release, then, as 0.34's elastic EP does after releasing graphs, a fresh
+    CUDA-graph pool: libraries may keep capture-time tensors alive, so capturing again into
+    the old pool trips the allocator (``_switch_to_fresh_graph_pool``). Where no global pool
+    exists (CPU, eager) nothing more happens. Never run on a GPU here: tested on CPU with
+    real managers and a stand-in pool."""
+    from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+    from vllm.platforms import current_platform
+    from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
+
+    held = release_cuda_graphs_v2(runner)
+    platform_cls = type(current_platform)
+    if platform_cls._global_graph_pool is None:
+        return held
+    new_pool = current_platform.graph_pool_handle()
+    platform_cls._global_graph_pool = new_pool
+    speculator = getattr(runner, "speculator", None)
+    managers = [getattr(runner, "cudagraph_manager", None)]
+    if speculator is not None:
+        managers += [v for v in vars(speculator).values() if isinstance(v, CudaGraphManager)]
+    for manager in managers:
+        if manager is not None and manager.pool is not None:
+            manager.pool = new_pool
+    for wrapper in [*CUDAGraphWrapper._all_instances, *BreakableCUDAGraphWrapper._all_instances]:
+        wrapper.graph_pool = new_pool
+    return held
+
+
 @vllm_uses(
     "catalog_mrv2",
     mirrors=adapter.host_uses(_RUNNER, "mirrors", _TEARDOWN),
@@ -759,6 +810,7 @@ def _v2_adapter_0_34_0() -> adapter.RunnerAdapter:
         kv_inputs=kv_inputs_v2_0_34_0,
         apply_kv=apply_kv_outputs_v2_0_34_0,
         clear_kv=clear_kv_state_v2_0_34_0,
+        release_cuda_graphs=release_cuda_graphs_v2_0_34_0,
     )
 
 

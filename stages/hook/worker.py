@@ -538,6 +538,9 @@ class _TracedWorkerMixin:
         memory profiling, as stock sizes it with the feature off
         (``--no-enable-extensible-kv-cache``). Written from vLLM's code; never run on a
         GPU here."""
+        from .marks import note
+
+        note(f"the extensible KV cache is off: {EXTENSIBLE_KV_CACHE_DECLINED}")
         return EXTENSIBLE_KV_CACHE_DECLINED
 
     @vllm_uses(_BOTH, calls=(f"{_WORKER}.shutdown", f"{_XPU}.shutdown"))

@@ -101,6 +101,8 @@ def text(report: dict[str, Any], top: int = _TOP) -> str:
     for m in (report.get("probes") or {}).get("missing", []):
         where = ", ".join(m["processes"])
         out.append(f"probe {m['target']} missing in {where}: {m['error']}")
+    for note in report.get("notes", []):
+        out.append(f"note ({', '.join(note['processes'])}): {note['text']}")
     if report.get("incomplete"):
         out.append(
             "spans may be missing from: "

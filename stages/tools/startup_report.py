@@ -567,7 +567,19 @@ def build(
         "incomplete": list(incomplete),
         "sources": _sources(nodes.values(), window),
         "probes": _probes(marks, label_of),
+        "notes": _notes(marks, label_of),
     }
+
+
+def _notes(marks: Sequence[Mapping[str, Any]], label_of: Mapping[Any, str]) -> list[dict[str, Any]]:
+    """What initpipe changed about the start and said so (a ``note`` mark: the pipelined
+    worker declining vLLM 0.34's extensible KV cache), once per text, with the processes."""
+    found: dict[str, list[str]] = {}
+    for rec in marks:
+        if rec.get("kind") == "note":
+            where = label_of.get(rec.get("pid"), f"pid {rec.get('pid')}")
+            found.setdefault(str(rec.get("text", "")), []).append(where)
+    return [{"text": text, "processes": sorted(set(ps))} for text, ps in found.items()]
 
 
 def _timed(n: _Node) -> bool:

