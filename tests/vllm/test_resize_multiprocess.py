@@ -47,6 +47,8 @@ A, B, C = 24, 12, 40
 MODEL = Path(__file__).resolve().parents[2] / "stages" / "models" / "tiny-llama"
 LONG = 300  # tokens the in-flight requests generate
 PROMPT = 150  # tokens of their prompts
+#: The stage that allocates the KV tensors, by runner: where the injected fault goes.
+ALLOCATES = {"v1": "allocated_kv_caches", "v2": "kv_caches_by_layer"}
 
 
 def _snap(worker: Any) -> Any:
@@ -158,12 +160,16 @@ def _sync(folder: Path, extra: dict[str, Any], hold: Path) -> dict[str, Any]:
         "runner": llm.collective_rpc(_snap)[0],
     }
     # a fault in the spawned worker: the stage's next run fails once, the rollback works
-    llm.collective_rpc(_inject, args=("allocated_kv_caches",))
+    from initpipe_vllm.compat import runner_from_env
+
+    stage = ALLOCATES[runner_from_env()]  # the stage that allocates the KV tensors
+    llm.collective_rpc(_inject, args=(stage,))
     try:
         ip.resize_kv_cache(llm, keep_prefix_cache=False, num_blocks=C)
         rec["fault"] = {"error": None}
     except Exception as err:
         rec["fault"] = {"error": _error(err)}
+    rec["fault"]["stage"], rec["fault"]["runner"] = stage, runner_from_env()
     rec["fault"]["info"] = ip.kv_cache_info(llm).to_dict()
     llm.reset_prefix_cache()
     rec["fault"]["outputs"] = _outputs(llm)
@@ -591,8 +597,8 @@ def test_multiprocess_release_refuses_requests_and_resume_equals_a_fresh_engine(
 def test_a_fault_in_a_spawned_worker_rolls_the_resize_back(sync: Any) -> None:
     fault = sync["fault"]
     assert fault["error"]["type"] == "ResizeError" and fault["error"]["rolled_back"] is True
-    assert fault["error"]["stage"] == "allocated_kv_caches"
-    assert "'allocated_kv_caches'" in fault["error"]["message"]
+    assert fault["error"]["stage"] == fault["stage"] == ALLOCATES[fault["runner"]]
+    assert f"'{fault['stage']}'" in fault["error"]["message"]
     assert fault["info"]["num_blocks"] == B and fault["info"]["state"] == "serving"
     assert _same(sync["fresh_B"]["outputs"], fault["outputs"]) == []
     assert sync["grow"]["info"]["num_blocks"] == C
