@@ -144,6 +144,9 @@ MRV2_ONLY_PROOFS = (
             "test_a_failure_in_the_scheduler_step_rolls_back_to_the_previous_size",
         )
     ),
+    # the engine core in its own process: LLM and AsyncLLM resize, release, a spawned
+    # worker's fault, the async refit (one engine start: the module)
+    "tests/vllm/test_resize_multiprocess.py",
     "tests/vllm/test_resize_parallel.py::test_the_oracles_are_stock_vllm_on_every_rank[v2]",
     "tests/vllm/test_resize_parallel.py::test_every_rank_resizes_to_a_fresh_engine_of_the_new_size[v2]",
     "tests/vllm/test_resize_parallel.py::test_a_refit_reaches_every_rank_and_back_equals_a_fresh_engine[v2]",

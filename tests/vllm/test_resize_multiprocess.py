@@ -52,7 +52,7 @@ ALLOCATES = {"v1": "allocated_kv_caches", "v2": "kv_caches_by_layer"}
 
 
 def _snap(worker: Any) -> Any:
-    from initpipe_vllm.testing.snapshot import runner_snapshot
+    from initpipe_vllm.testing.equivalence import runner_snapshot  # either runner's
 
     return runner_snapshot(worker.model_runner)
 
