@@ -161,6 +161,24 @@ def samplers(
     """The base stage; first, on CUDA under speculative decoding, the native top-k/top-p
     warm-ups (speculative verification uses native masking there), as 0.33 registers them
     (ROCm's, always, the base stage registers)."""
+    cuda_speculative_warmups(vllm_config, runner_settings, jit_warmup_registry)
+    return _mrv2_model.samplers(
+        vllm_config,
+        device,
+        runner_settings,
+        req_states,
+        model_state,
+        decode_query_len,
+        custom_logits_processors,
+        jit_warmup_registry,
+    )
+
+
+def cuda_speculative_warmups(
+    vllm_config: VllmConfig, runner_settings: RunnerV2Settings, jit_warmup_registry: Any
+) -> None:
+    """0.33's registration of the native top-k/top-p warm-ups on CUDA under speculative
+    decoding (the part of :func:`samplers` before the base stage; 0.34's reuses it)."""
     from vllm.platforms import current_platform
 
     if (
@@ -173,16 +191,6 @@ def samplers(
 
         with jit_warmup_registry.activate():
             register_top_k_top_p_warmups()
-    return _mrv2_model.samplers(
-        vllm_config,
-        device,
-        runner_settings,
-        req_states,
-        model_state,
-        decode_query_len,
-        custom_logits_processors,
-        jit_warmup_registry,
-    )
 
 
 @stage(

@@ -146,7 +146,6 @@ def samplers(
 ) -> Any:
     """0.33's variant; a model state's own sampler is adopted only where no batch-sharded
     draft logits exist (0.34 asserts it: a custom rejection sampler cannot read them)."""
-    from vllm.platforms import current_platform
 
     def check_custom() -> None:
         draft_logits = _draft_logits(speculator)
@@ -154,16 +153,7 @@ def samplers(
             "A custom rejection sampler cannot read batch-sharded draft logits"
         )
 
-    if (
-        runner_settings.is_last_pp_rank
-        and not runner_settings.is_pooling_model
-        and current_platform.is_cuda()
-        and vllm_config.speculative_config is not None
-    ):
-        from vllm.v1.sample.ops.topk_topp_sampler import register_top_k_top_p_warmups
-
-        with jit_warmup_registry.activate():
-            register_top_k_top_p_warmups()
+    _v0_33_0.cuda_speculative_warmups(vllm_config, runner_settings, jit_warmup_registry)
     return _mrv2_model.build_samplers(
         vllm_config,
         device,
