@@ -43,12 +43,14 @@ __all__ = [
     "RELEASES",
     "inputs",
     "module_name",
+    "overlay",
     "overlays",
     "release_module",
     "releases_with",
     "require_runner",
     "runner_title",
     "runners",
+    "variant_meta",
 ]
 
 #: The vLLM releases with catalogs, oldest first.
@@ -62,6 +64,36 @@ _RUNNER_ASK = {
     "v1": "runner='v1' (`--model-runner v1`)",
     "mrv2": "runner='mrv2' (`--model-runner v2`)",
 }
+
+
+def variant_meta(base: Any, *calls: str, drop: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A release's variant's declaration: the ``meta`` of ``base`` (a stage: what it
+    mirrors and calls) with ``calls`` added and ``drop`` removed."""
+    from initpipe import get_spec
+
+    spec = get_spec(base)
+    if spec is None:
+        raise TypeError(f"variant_meta: {base!r} is not a stage")
+    meta = dict(spec.meta)
+    kept = tuple(c for c in meta.get("calls", ()) if c not in drop)
+    meta["calls"] = (*kept, *calls)
+    return meta
+
+
+def overlay(
+    release: str, pipeline: str, replace: Mapping[str, Any], add: tuple[Any, ...] = ()
+) -> Extension:
+    """The overlay of vLLM ``release`` on the catalog pipeline ``pipeline``: its stages
+    ``replace`` (name -> variant), and ``add``."""
+    from initpipe import Extension
+
+    fields: dict[str, Any] = {  # by keyword: mypy reads attrs' converters too narrowly
+        "name": f"vllm {release} ({pipeline})",
+        "applies_to": (pipeline,),
+        "replace": dict(replace),
+        "add": add,
+    }
+    return Extension(**fields)
 
 
 def module_name(release: str) -> str:

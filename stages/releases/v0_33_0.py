@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from initpipe import KV, MODEL, Extension, get_spec, stage
+from initpipe import KV, MODEL, Extension, stage
 
 from ..mrv2 import INITPIPE_INPUTS as _MRV2_INPUTS, kv_phase as _mrv2_kv, model_phase as _mrv2_model
 from ..mrv2.types import BlockTableGeometry, RunnerV2Settings
@@ -45,6 +45,7 @@ from ..vllm_names import (
     MODEL_STATE as _MODEL_STATE,
     MRV2_RUNNER as _MRV2,
 )
+from . import overlay, variant_meta
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -74,23 +75,12 @@ RUNNERS = ("v1", "mrv2")
 _KV_INTERFACE = "vllm.v1.kv_cache_interface"
 
 
-def _meta(base: Any, *calls: str, drop: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The base stage's ``meta`` (what it mirrors and calls) with ``calls`` added and
-    ``drop`` removed: the variant's declaration."""
-    spec = get_spec(base)
-    assert spec is not None, base
-    meta = dict(spec.meta)
-    kept = tuple(c for c in meta.get("calls", ()) if c not in drop)
-    meta["calls"] = (*kept, *calls)
-    return meta
-
-
 # -- v1 --------------------------------------------------------------------------------
 @stage(
     needs=MODEL,
     name="kv_cache_spec",
     provides="kv_cache_spec",
-    meta=_meta(
+    meta=variant_meta(
         _v1_model.kv_cache_spec,
         "vllm.model_executor.layers.attention_layer_base:AttentionLayerBase.is_draft_layer",
         f"{_KV_INTERFACE}:KVCacheSpec.is_draft",
@@ -118,7 +108,7 @@ def kv_cache_spec(
     needs=MODEL,
     name="batch_sharder",
     provides="batch_sharder",
-    meta=_meta(
+    meta=variant_meta(
         _mrv2_model.batch_sharder,
         "vllm.config.speculative:SpeculativeConfig.enable_adaptive_verification",
     ),
@@ -146,7 +136,7 @@ def batch_sharder(
     needs=MODEL,
     name="samplers",
     provides=("sampler", "rejection_sampler"),
-    meta=_meta(_mrv2_model.samplers, "vllm.platforms.interface:Platform.is_cuda"),
+    meta=variant_meta(_mrv2_model.samplers, "vllm.platforms.interface:Platform.is_cuda"),
 )
 def samplers(
     vllm_config: VllmConfig,
@@ -198,7 +188,7 @@ def cuda_speculative_warmups(
     name="structured_outputs_worker",
     provides="structured_outputs_worker",
     after=("prompt_logprobs_worker",),
-    meta=_meta(
+    meta=variant_meta(
         _mrv2_model.structured_outputs_worker,
         drop=(f"{_MODEL_STATE}.num_new_sampled_tokens_per_step",),
     ),
@@ -216,7 +206,7 @@ def structured_outputs_worker(
     needs=KV,
     name="block_table_geometry",
     provides="block_table_geometry",
-    meta=_meta(
+    meta=variant_meta(
         _mrv2_kv.block_table_geometry,
         f"{_KV_INTERFACE}:SlidingWindowSpec",
         f"{_KV_INTERFACE}:SlidingWindowSpec.num_retained_tokens",
@@ -258,7 +248,7 @@ def with_sliding_window_reach(
     name="block_tables",
     provides="block_tables",
     after=("adaptive_verification",),
-    meta=_meta(_mrv2_kv.block_tables),
+    meta=variant_meta(_mrv2_kv.block_tables),
 )
 def block_tables(
     device: Any, block_table_geometry: BlockTableGeometry, runner_settings: RunnerV2Settings
@@ -277,7 +267,7 @@ def block_tables(
     needs=KV,
     name="adaptive_verification",
     provides="adaptive_verification",
-    meta=_meta(_mrv2_kv.adaptive_verification),
+    meta=variant_meta(_mrv2_kv.adaptive_verification),
 )
 def adaptive_verification(
     vllm_config: VllmConfig,
@@ -347,20 +337,11 @@ _MRV2_START = (*_MRV2_INPUTS["start"], "pcp_manager_at_init")
 INPUTS: Mapping[str, Mapping[str, Any]] = {"initpipe_vllm.mrv2": {"start": _MRV2_START}}
 
 
-def _overlay(pipeline: str, replace: Mapping[str, Any]) -> Extension:
-    """The overlay replacing ``replace``'s stages (name -> variant) in ``pipeline``."""
-    fields: dict[str, Any] = {  # by keyword: mypy reads attrs' converters too narrowly
-        "name": f"vllm {RELEASE} ({pipeline})",
-        "applies_to": (pipeline,),
-        "replace": dict(replace),
-    }
-    return Extension(**fields)
-
-
 #: The stage overlays for this release, applied by ``initpipe_vllm.catalogs.build``.
 OVERLAYS: tuple[Extension, ...] = (
-    _overlay("initpipe_vllm", {"kv_cache_spec": kv_cache_spec}),
-    _overlay(
+    overlay(RELEASE, "initpipe_vllm", {"kv_cache_spec": kv_cache_spec}),
+    overlay(
+        RELEASE,
         "initpipe_vllm.mrv2",
         {
             "batch_sharder": batch_sharder,

@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from initpipe import KV, MODEL, Extension, get_spec, stage
+from initpipe import KV, MODEL, Extension, stage
 
 from ..catalogs import respec, runner_step
 from ..mrv2 import (
@@ -48,7 +48,7 @@ from ..mrv2 import (
 )
 from ..mrv2.types import BlockTableGeometry, RunnerV2Settings
 from ..vllm_names import DRAFT_SPECULATOR as _DRAFT, MRV2_RUNNER as _MRV2, MRV2_TEARDOWN
-from . import v0_33_0 as _v0_33_0
+from . import overlay, v0_33_0 as _v0_33_0, variant_meta
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -79,16 +79,6 @@ _INIT_KV = f"{_MRV2}.initialize_kv_cache"
 _AUX = "vllm.distributed.aux_output_connector.worker"
 
 
-def _meta(base: Any, *calls: str, drop: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The base stage's ``meta`` with ``calls`` added and ``drop`` removed."""
-    spec = get_spec(base)
-    assert spec is not None, base
-    meta = dict(spec.meta)
-    kept = tuple(c for c in meta.get("calls", ()) if c not in drop)
-    meta["calls"] = (*kept, *calls)
-    return meta
-
-
 def _draft_logits(speculator: Any) -> Any:
     """The draft model's logits cache (0.34's ``load_model``: ``speculator.draft_logits``
     for a ``DraftModelSpeculator``, else None)."""
@@ -102,7 +92,7 @@ def _draft_logits(speculator: Any) -> Any:
     needs=MODEL,
     name="batch_sharder",
     provides="batch_sharder",
-    meta=_meta(_v0_33_0.batch_sharder, _DRAFT, f"{_DRAFT}.draft_logits"),
+    meta=variant_meta(_v0_33_0.batch_sharder, _DRAFT, f"{_DRAFT}.draft_logits"),
 )
 def batch_sharder(
     vllm_config: VllmConfig,
@@ -131,7 +121,7 @@ def batch_sharder(
     needs=MODEL,
     name="samplers",
     provides=("sampler", "rejection_sampler"),
-    meta=_meta(_v0_33_0.samplers, _DRAFT, f"{_DRAFT}.draft_logits"),
+    meta=variant_meta(_v0_33_0.samplers, _DRAFT, f"{_DRAFT}.draft_logits"),
 )
 def samplers(
     vllm_config: VllmConfig,
@@ -175,7 +165,7 @@ _OLD_WIDTH = "vllm.v1.worker.block_table:get_block_table_width"
     needs=KV,
     name="block_table_geometry",
     provides="block_table_geometry",
-    meta=_meta(
+    meta=variant_meta(
         _v0_33_0.block_table_geometry,
         "vllm.v1.kv_cache_interface:get_block_table_width",
         drop=(_OLD_WIDTH,),
@@ -206,7 +196,7 @@ _BREAKABLE = "vllm.compilation.breakable_cudagraph:is_breakable_cudagraph_enable
     provides="cudagraph_mode",
     after=("mamba_ssu_backend",),
     effects=("compilation_config.cudagraph_mode", "compilation_config capture sizes"),
-    meta=_meta(
+    meta=variant_meta(
         _mrv2_kv.cudagraph_mode, _BREAKABLE, drop=("vllm.envs:VLLM_USE_BREAKABLE_CUDAGRAPH",)
     ),
 )
@@ -247,7 +237,7 @@ def cudagraph_mode(
     needs=KV,
     name="cudagraph_manager",
     provides="cudagraph_manager",
-    meta=_meta(
+    meta=variant_meta(
         _mrv2_kv.cudagraph_manager, "vllm.config.vllm:VllmConfig.get_decode_cudagraph_query_lens"
     ),
 )
@@ -290,7 +280,7 @@ def _unbind_layers(kv_caches_by_layer: dict[str, Any], vllm_config: VllmConfig, 
 kv_caches_by_layer = respec(
     _mrv2_kv_tensors.kv_caches_by_layer,
     teardown=_unbind_layers,
-    meta=_meta(_mrv2_kv_tensors.kv_caches_by_layer, _HISPARSE, drop=(_HISPARSE_OLD,)),
+    meta=variant_meta(_mrv2_kv_tensors.kv_caches_by_layer, _HISPARSE, drop=(_HISPARSE_OLD,)),
 )
 
 
@@ -384,22 +374,11 @@ INPUTS: Mapping[str, Mapping[str, Any]] = {
 }
 
 
-def _overlay(pipeline: str, replace: Mapping[str, Any], add: tuple[Any, ...] = ()) -> Extension:
-    """The overlay replacing ``replace``'s stages (name -> variant) in ``pipeline`` and
-    adding ``add``."""
-    fields: dict[str, Any] = {  # by keyword: mypy reads attrs' converters too narrowly
-        "name": f"vllm {RELEASE} ({pipeline})",
-        "applies_to": (pipeline,),
-        "replace": dict(replace),
-        "add": add,
-    }
-    return Extension(**fields)
-
-
 #: The stage overlays for this release, applied by ``initpipe_vllm.catalogs.build``: 0.33's
 #: MRv2 variants carried forward, 0.34's replacing three of them, and 0.34's own.
 OVERLAYS: tuple[Extension, ...] = (
-    _overlay(
+    overlay(
+        RELEASE,
         "initpipe_vllm.mrv2",
         {
             "batch_sharder": batch_sharder,
