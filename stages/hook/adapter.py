@@ -58,6 +58,7 @@ __all__ = [
     "RunnerState",
     "Write",
     "engine_inputs",
+    "has_runner_choice",
     "installed_adapter",
     "owned",
     "pipelined_class",
@@ -340,13 +341,20 @@ def which_runner(subject: Any, release: str = DEFAULT_RELEASE) -> RunnerAdapter:
     for adapter in runner_adapters(release):
         if adapter.stock_runner in names:
             return adapter
-    if inspect.getattr_static(subject, "use_v2_model_runner", _ABSENT) is _ABSENT:
+    if not has_runner_choice(subject):
         return runner_adapter("v2", release)  # this vLLM has no runner choice: MRv2 only
     try:
         v2 = bool(subject.use_v2_model_runner)
     except ValueError:  # HiSparse: vLLM refuses v1 for it itself
         v2 = True
     return runner_adapter("v2" if v2 else "v1", release)
+
+
+def has_runner_choice(subject: Any) -> bool:
+    """Whether ``subject`` (a ``VllmConfig`` or a worker) has vLLM's ``use_v2_model_runner``
+    to read: vLLM 0.34.0 removed it with Model Runner V1. Looked up statically, so an error
+    inside vLLM's own property is not taken for its absence."""
+    return inspect.getattr_static(subject, "use_v2_model_runner", _ABSENT) is not _ABSENT
 
 
 # -- the class factory and the resolver of the stable names --------------------------------

@@ -169,21 +169,26 @@ def apply_kv_outputs_v2(runner: Any, kv: Mapping[str, Any]) -> None:
     adapter.write_outputs(runner, _KV_WRITES, kv)
 
 
-@vllm_uses(
-    "catalog_mrv2",
-    mirrors=(_TEARDOWN,),
-    calls=(
-        f"{_RUNNER}.kv_caches",
-        f"{_RUNNER}.attn_groups",
-        f"{_RUNNER}.kv_cache_config",
-        f"{_RUNNER}.cudagraph_manager",
-        f"{_RUNNER}.fast_prefill",
-        f"{_RUNNER}.kv_block_zeroer",
-        f"{_RUNNER}.aux_output_connector",
-        f"{_RUNNER}.cache_config",
-        _NUM_GPU_BLOCKS,
+#: What :func:`clear_kv_state_v2` reads and drops on the runner (its declaration).
+_CLEARED = (
+    *adapter.owned(
+        _RUNNER,
+        (
+            "kv_caches",
+            "attn_groups",
+            "kv_cache_config",
+            "cudagraph_manager",
+            "fast_prefill",
+            "kv_block_zeroer",
+            "aux_output_connector",
+            "cache_config",
+        ),
     ),
+    _NUM_GPU_BLOCKS,
 )
+
+
+@vllm_uses("catalog_mrv2", mirrors=(_TEARDOWN,), calls=_CLEARED)
 def clear_kv_state_v2(runner: Any) -> None:
     """Drop the runner's KV attributes as ``_teardown_profiling_state`` does.
 
@@ -720,16 +725,7 @@ def apply_kv_outputs_v2_0_34_0(runner: Any, kv: Mapping[str, Any]) -> None:
 @vllm_uses(
     "catalog_mrv2",
     mirrors=(_TEARDOWN,),
-    calls=(
-        f"{_RUNNER}.kv_caches",
-        f"{_RUNNER}.attn_groups",
-        f"{_RUNNER}.kv_cache_config",
-        f"{_RUNNER}.cudagraph_manager",
-        f"{_RUNNER}.fast_prefill",
-        f"{_RUNNER}.kv_block_zeroer",
-        f"{_RUNNER}.cache_config",
-        _NUM_GPU_BLOCKS,
-    ),
+    calls=tuple(n for n in _CLEARED if n != f"{_RUNNER}.aux_output_connector"),
     release="0.34.0",
     replaces=("initpipe_vllm.hook.runner_v2:clear_kv_state_v2",),
 )

@@ -32,7 +32,13 @@ import attrs
 from ..contract.declare import Capability, vllm_uses
 from ..errors import UnsupportedRunnerError
 from ..vllm_names import MRV2_RUNNER, PLATFORM as _PLATFORM, V1_RUNNER
-from .adapter import RunnerAdapter, pipelined_class, runner_adapters, which_runner
+from .adapter import (
+    RunnerAdapter,
+    has_runner_choice,
+    pipelined_class,
+    runner_adapters,
+    which_runner,
+)
 
 __all__ = [
     "EXTENSIBLE_KV_CACHE_DECLINED",
@@ -383,9 +389,7 @@ def _vllm_chose_v2(vllm_config: Any) -> bool:
     Raises:
         ValueError: vLLM's own, for HiSparse with ``VLLM_USE_V2_MODEL_RUNNER=0``.
     """
-    import inspect
-
-    if inspect.getattr_static(vllm_config, "use_v2_model_runner", None) is None:
+    if not has_runner_choice(vllm_config):
         return True
     return bool(vllm_config.use_v2_model_runner)
 
@@ -406,9 +410,7 @@ def _why_model_runner_v2(vllm_config: Any) -> tuple[str, str]:
     causes are tested in its order (``vllm/config/vllm.py``, 0.32.0). A vLLM without the v1
     runner (0.34.0) has one reason, and no fix.
     """
-    import inspect
-
-    if inspect.getattr_static(vllm_config, "use_v2_model_runner", None) is None:
+    if not has_runner_choice(vllm_config):
         return ("vLLM has Model Runner V2 only", "this vLLM has no v1 runner")
     import vllm.envs as envs
 
@@ -664,9 +666,9 @@ def _cpu_runner_global(runner: str) -> str:
     """The ``module:name`` of the global ``CPUWorker.init_device`` builds ``runner``
     (``"v1"``/``"v2"``) from: :data:`_CPU_RUNNER_GLOBALS` where vLLM has a v1 runner, else
     ``cpu_worker``'s own ``CPUModelRunner`` (0.34.0 imports MRv2's class there)."""
-    import importlib.util
+    from ..compat import v1_runner_installed
 
-    if importlib.util.find_spec("vllm.v1.worker.cpu_model_runner") is None:
+    if not v1_runner_installed():
         return _CPU_RUNNER_GLOBALS["v1"]  # the same name, MRv2's class on 0.34
     return _CPU_RUNNER_GLOBALS[runner]
 
