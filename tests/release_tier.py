@@ -110,16 +110,14 @@ RELEASE_PROOFS = (
 
 
 #: Proofs of :data:`RELEASE_PROOFS` that are Model Runner V1's whatever their parameters
-#: (the v1 harness, the v1 runner in-process, ``initpipe plan``): a release without that
-#: runner (0.34.0) skips them, as it skips every test parametrized ``"v1"``.
+#: (the v1 harness, the v1 runner in-process, v1's plan against a v1 engine): a release
+#: without that runner (0.34.0) skips them, as it skips every test parametrized ``"v1"``.
 V1_ONLY = (
     "tests/vllm/test_engine_equivalence.py",
     "tests/vllm/test_runner.py",
     "tests/reliability/test_fault_injection.py",
     "tests/vllm_plan/test_vllm_plan.py",
     "tests/startup/test_startup_engines.py::test_in_process_the_tree_nests_initpipes_stages_in_vllms_spans",
-    # `initpipe plan` plans with the v1 catalog (on the meta device), also for MRv2
-    "tests/vllm/test_mrv2.py::test_an_mrv2_plan_is_what_stock_mrv2_allocates",
     # the v1 runner's class: its states, its overridden methods, its stage spans
     "tests/hook/test_runner_states.py::test_an_entry_point_out_of_order_names_the_call_to_make_first[PipelinedCPUModelRunner",
     "tests/hook/test_runner_states.py::test_the_states_follow_the_run_and_the_runners_kv",
@@ -130,7 +128,8 @@ V1_ONLY = (
 
 #: The release tier of a release with Model Runner V2 only (0.34.0) adds MRv2's
 #: counterparts of the v1 proofs it skips: stock == pipelined MRv2 on every embedded model
-#: (and TP=2 with the engine core in its own process); live resize, release and resume,
+#: (and TP=2 with the engine core in its own process); MRv2's plan == what stock MRv2
+#: allocates (``test_mrv2.py``, the default plan there); live resize, release and resume,
 #: and the rollbacks, on MRv2 in-process and at TP=2; the HTTP routes on an MRv2 server.
 MRV2_ONLY_PROOFS = (
     "tests/vllm/test_mrv2.py",

@@ -52,6 +52,7 @@ __all__ = [
     "KINDS",
     "RUNNER_CLASSES",
     "STAGE_CATALOGS",
+    "STAGE_CATALOG_RUNNER",
     "USE_MODULES",  # noqa: F822  (found on first access, by __getattr__)
     "Capability",
     "Kind",
@@ -79,15 +80,24 @@ CAPABILITIES: tuple[Capability, ...] = get_args(Capability)
 STAGE_CATALOGS: dict[Capability, tuple[str, ...]] = {
     "catalog_v1": ("initpipe_vllm:base_catalog",),
     "catalog_mrv2": ("initpipe_vllm.mrv2:base_catalog", "initpipe_vllm.mrv2:spec_pipeline"),
-    "plan": ("initpipe_vllm.tools.plan:planning_pipeline",),
+    "plan": (
+        "initpipe_vllm.tools.plan:planning_pipeline",
+        "initpipe_vllm.tools.plan:mrv2_planning_pipeline",
+    ),
+}
+#: The runner whose catalog a pipeline of :data:`STAGE_CATALOGS` holds, where its
+#: capability belongs to no one runner (``plan`` plans with either runner's catalog): its
+#: stages are that runner's declarations, and a release without the runner reads none.
+STAGE_CATALOG_RUNNER: dict[str, str] = {
+    "initpipe_vllm.tools.plan:planning_pipeline": "v1",
+    "initpipe_vllm.tools.plan:mrv2_planning_pipeline": "mrv2",
 }
 
 #: The capabilities that belong to one runner: their declarations are that runner's, and a
-#: release without the runner has none of them. ``plan`` plans with the v1 catalog.
+#: release without the runner has none of them.
 CAPABILITY_RUNNER: dict[Capability, str] = {
     "catalog_v1": "v1",
     "catalog_mrv2": "mrv2",
-    "plan": "v1",
 }
 #: Every runner a release can have (``initpipe_vllm.catalogs.RUNNERS``' keys).
 _ALL_RUNNERS = ("v1", "mrv2")
@@ -140,7 +150,7 @@ def release_runners(release: str) -> tuple[str, ...]:
 
 def absent_capabilities(release: str) -> frozenset[str]:
     """The capabilities of the runners vLLM ``release`` does not have (none for 0.32.0 and
-    0.33.0; ``catalog_v1`` and ``plan`` for a release without Model Runner V1)."""
+    0.33.0; ``catalog_v1`` for a release without Model Runner V1)."""
     has = release_runners(release)
     return frozenset(c for c, r in CAPABILITY_RUNNER.items() if r not in has)
 
@@ -316,6 +326,9 @@ def _pipeline(factory: str, release: str) -> Any:
 
 
 def _stage_uses(capability: Capability, factory: str, release: str) -> list[Use]:
+    runner = CAPABILITY_RUNNER.get(capability) or STAGE_CATALOG_RUNNER.get(factory)
+    if runner is not None and runner not in release_runners(release):
+        return []  # that runner's catalog does not exist in this release
     pipeline = _pipeline(factory, release)
     out = []
     for name, spec in pipeline.specs.items():
@@ -327,7 +340,7 @@ def _stage_uses(capability: Capability, factory: str, release: str) -> list[Use]
                         kind,
                         (capability,),
                         f"{pipeline.name}:{name}",
-                        runner=CAPABILITY_RUNNER.get(capability),
+                        runner=runner,
                     )
                 )
     return out

@@ -74,6 +74,7 @@ from initpipe import KV, MODEL, Pipeline
 
 from ..contract.declare import vllm_uses
 from ..contract.report import installed_release
+from ..errors import UnsupportedRunnerError
 from ..hook.adapter import runner_adapter, runner_adapters
 from ..releases import DEFAULT_RELEASE, require_runner
 from ._cli import UsageError, command_parser
@@ -86,7 +87,7 @@ from .plan_meta import (
     rank_identity,
     target_platform,
 )
-from .plan_stages import PLAN_STAGES
+from .plan_stages import MRV2_PLAN_STAGES, PLAN_STAGES
 
 __all__ = [
     "BACKENDS",
@@ -94,7 +95,9 @@ __all__ = [
     "LayerPlan",
     "Plan",
     "build_parser",
+    "default_runner",
     "main",
+    "mrv2_planning_pipeline",
     "plan",
     "planning_pipeline",
 ]
@@ -103,6 +106,16 @@ __all__ = [
 BACKENDS = ("FLASH_ATTN", "TRITON_ATTN", "CPU_ATTN")
 _START_EXTRA = ("target_platform",)
 _KV_FROM_PLAN = ("kv_cache_config", "kv_cache_layout", "max_model_len")
+#: Each runner's KV views by layer name (KV-sharing layers alias their target's view).
+_KV_BY_LAYER = {"v1": "kv_caches", "v2": "kv_caches_by_layer"}
+#: How the summary names each runner.
+_RUNNER_LABELS = {"v1": "Model Runner V1", "v2": "Model Runner V2"}
+#: The model phase's inputs besides the model, by runner: MRv2's load reports whether the
+#: speculator registered with EPLB (none on meta) and whether the weights were dummies.
+_MODEL_EXTRA: dict[str, dict[str, Any]] = {
+    "v1": {},
+    "v2": {"eplb_models_added": False, "load_dummy_weights": False},
+}
 
 
 # -- the result as plain data ---------------------------------------------------------------
@@ -164,8 +177,6 @@ class Plan:
     model_runner: str = "v1"
     #: per KV cache group, the block-table width (blocks per request) of that runner
     block_table_widths: tuple[int, ...] = ()
-    #: with model_runner="v2": v1's widths for the same config, where they differ
-    v1_block_table_widths: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as JSON-ready builtins (tuples become lists)."""
@@ -184,11 +195,8 @@ class Plan:
             f"max_num_seqs {self.max_num_seqs}, max_num_batched_tokens "
             f"{self.max_num_batched_tokens:,})",
             f"cudagraphs   {self.cudagraph_mode}",
-            f"runner       {runner_adapter(self.model_runner).labels.plan}; block tables "
-            f"{list(self.block_table_widths)} blocks per request per group"
-            + (
-                f" (v1's: {list(self.v1_block_table_widths)})" if self.v1_block_table_widths else ""
-            ),
+            f"runner       {_RUNNER_LABELS[self.model_runner]}; block tables "
+            f"{list(self.block_table_widths)} blocks per request per group",
             f"groups       {len(self.groups)}",
         ]
         if self.tensor_parallel_size * self.pipeline_parallel_size > 1:
@@ -227,36 +235,67 @@ class Plan:
 
 
 # -- the planning pipeline ------------------------------------------------------------------
-def planning_pipeline(*, release: str = DEFAULT_RELEASE) -> Pipeline:
-    """The v1 catalog of vLLM ``release`` plus the engine-side planning stages, as one
-    pipeline (:func:`plan` builds it for the release the contract matched).
+#: The runner names of ``plan`` (the adapters': ``"v1"``, ``"v2"``) -> their catalog's.
+_CATALOG_OF = {"v1": "v1", "v2": "mrv2"}
+
+
+def default_runner(release: str = DEFAULT_RELEASE) -> str:
+    """The runner ``initpipe plan`` plans for when none is asked: Model Runner V1 where vLLM
+    ``release`` has it (vLLM's own default there), else Model Runner V2 (0.34.0 on)."""
+    from ..releases import runners
+
+    return "v1" if "v1" in runners(release) else "v2"
+
+
+def planning_pipeline(*, release: str = DEFAULT_RELEASE, runner: str | None = None) -> Pipeline:
+    """The catalog of ``runner`` on vLLM ``release`` plus the engine-side planning stages, as
+    one pipeline (:func:`plan` builds it for the release the contract matched).
 
     The catalog's KV inputs ``kv_cache_config``, ``kv_cache_layout`` and ``max_model_len``
     become outputs of :mod:`.plan_stages`; the KV phase takes ``num_blocks`` or
-    ``kv_bytes`` instead, and the start phase adds ``target_platform``.
+    ``kv_bytes`` instead, and the start phase adds ``target_platform``. Model Runner V2's
+    plan adds its one-stage spec pipeline (``kv_cache_spec``) and
+    :data:`~.plan_stages.MRV2_PLAN_STAGES` (the layers and backends its catalog does not
+    output).
+
+    Args:
+        runner: ``"v1"`` or ``"v2"``; None: :func:`default_runner` of ``release``.
 
     Raises:
-        UnsupportedRunnerError: ``release`` has no Model Runner V1 (0.34.0 on): planning
-            with Model Runner V2's catalog is not built yet.
+        UnsupportedRunnerError: ``release`` lacks ``runner`` (v1 on 0.34.0), or an unknown
+            runner or release.
     """
-    from .. import catalog
+    from .. import mrv2
+    from ..catalogs import catalog
 
+    runner = runner or default_runner(release)
+    if runner not in _CATALOG_OF:
+        raise UnsupportedRunnerError(
+            f"initpipe plan: runner {runner!r} is not one of {sorted(_CATALOG_OF)}."
+        )
     require_runner(
         release,
-        "v1",
-        what="initpipe plan plans with the v1 catalog (planning with Model Runner V2's "
-        "catalog is not built yet)",
+        _CATALOG_OF[runner],
+        what=f"initpipe plan --model-runner {runner} plans with that runner's catalog",
     )
-    base = catalog(release=release)
+    base = catalog(None, runner=_CATALOG_OF[runner], release=release)
+    stages: list[Any] = [*base.specs.values()]  # specs, then @stage functions
+    if runner == "v2":
+        stages += [*mrv2.spec_pipeline(release=release).specs.values(), *MRV2_PLAN_STAGES]
     kv_inputs = {k: v for k, v in base.inputs[KV].items() if k not in _KV_FROM_PLAN}
     kv_inputs.update(num_blocks=None, kv_bytes=None)
     return Pipeline(
-        [*base.specs.values(), *PLAN_STAGES],
+        [*stages, *PLAN_STAGES],
         start_inputs=(*base.inputs["start"], *_START_EXTRA),
         model_inputs=base.inputs[MODEL],
         kv_inputs=kv_inputs,
-        name="initpipe_vllm.plan",
+        name="initpipe_vllm.plan" if runner == "v1" else "initpipe_vllm.plan.mrv2",
     )
+
+
+def mrv2_planning_pipeline(*, release: str = DEFAULT_RELEASE) -> Pipeline:
+    """:func:`planning_pipeline` for Model Runner V2 (the contract reads each runner's)."""
+    return planning_pipeline(release=release, runner="v2")
 
 
 # -- plan -----------------------------------------------------------------------------------
@@ -282,7 +321,7 @@ def plan(
     tensor_parallel_size: int = 1,
     pipeline_parallel_size: int = 1,
     pp_rank: int = 0,
-    model_runner: str = "v1",
+    model_runner: str | None = None,
 ) -> Plan:
     """Plan a worker's KV cache for ``model_dir`` on the meta device.
 
@@ -296,10 +335,9 @@ def plan(
             arguments of the same names (``num_blocks`` / ``kv_bytes`` are per worker).
         pp_rank: the pipeline stage to plan (its layers); every tensor-parallel rank of
             a stage allocates the same, so tensor rank 0 stands for them.
-        model_runner: ``"v1"`` or ``"v2"``. Model Runner V2 allocates the same KV tensors
-            (vLLM's ``allocate_kv_cache`` inside its ``init_kv_cache``, the same kernel
-            block sizes and layout): its plan adds MRv2's block-table widths, from the MRv2
-            catalog's ``block_table_geometry`` stage, beside v1's where they differ.
+        model_runner: ``"v1"`` or ``"v2"``: whose catalog plans (v1's, or Model Runner
+            V2's with its block-table widths); None: :func:`default_runner` of the
+            installed release (v1 where it exists, else v2).
 
     Returns:
         The :class:`Plan`.
@@ -308,6 +346,8 @@ def plan(
         FileNotFoundError: ``model_dir`` has no ``config.json``.
         ValueError: bad arguments (both or neither of num_blocks / kv_bytes, unknown
             backend), or vLLM refuses the configuration.
+        UnsupportedRunnerError: ``model_runner`` is a runner the installed vLLM lacks
+            (``"v1"`` on 0.34.0).
         initpipe.StageError: a planning or catalog stage failed (names the stage).
     """
     t0 = time.perf_counter()
@@ -319,7 +359,7 @@ def plan(
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is not one of {list(BACKENDS)}.")
     runners = [a.runner for a in runner_adapters()]
-    if model_runner not in runners:
+    if model_runner is not None and model_runner not in runners:
         raise ValueError(f"model_runner {model_runner!r} is not one of {runners}.")
     if tensor_parallel_size < 1 or pipeline_parallel_size < 1:
         raise ValueError("tensor_parallel_size and pipeline_parallel_size must be 1 or more.")
@@ -345,8 +385,6 @@ def plan(
     from vllm.config import set_current_vllm_config
     from vllm.platforms import current_platform
 
-    from ..hook.runner import kv_inputs, start_inputs
-
     cfg = engine_config(
         model_dir,
         backend,
@@ -359,7 +397,9 @@ def plan(
         **parallel,
     )
     release = installed_release("plan")
-    pipeline = planning_pipeline(release=release)
+    model_runner = model_runner or default_runner(release)
+    pipeline = planning_pipeline(release=release, runner=model_runner)
+    adapter = runner_adapter(model_runner, release)
     with (
         set_current_vllm_config(cfg),
         contextlib.ExitStack() as stack,
@@ -367,18 +407,14 @@ def plan(
         ensure_distributed()
         stack.enter_context(rank_identity(tensor_parallel_size, 0, pipeline_parallel_size, pp_rank))
         model = meta_model(cfg, backend)
-        runner = meta_runner(cfg)
+        runner = meta_runner(cfg, model_runner)
         t_setup = time.perf_counter()
-        start = start_inputs(runner) | {"target_platform": target_platform(backend)}
-        batch = kv_inputs(runner, None)
+        start = adapter.start_inputs(runner) | {"target_platform": target_platform(backend)}
+        # the runner's KV inputs but those the planning stages provide
+        kv_in = {k: v for k, v in adapter.kv_inputs(runner, None).items() if k not in _KV_FROM_PLAN}
         with pipeline.start(**start) as run:
-            model_out = run.load(model=model)
-            out = run.initialize_kv_cache(
-                num_blocks=num_blocks,
-                kv_bytes=kv_bytes,
-                current_input_batch=batch["current_input_batch"],
-                current_input_batch_geometry=batch["current_input_batch_geometry"],
-            )
+            model_out = run.load(model=model, **_MODEL_EXTRA[model_runner])
+            out = run.initialize_kv_cache(num_blocks=num_blocks, kv_bytes=kv_bytes, **kv_in)
             t_stages = time.perf_counter()
             result = _read_plan(
                 cfg,
@@ -387,8 +423,9 @@ def plan(
                 model_out,
                 out,
                 current_platform,
+                model_runner,
             )
-            result = _with_runner(result, model_runner, cfg, out, release)
+            result = _with_runner(result, model_runner, out)
             stages = tuple(e.name for e in run.trace.events if e.kind == "stage")
     t_end = time.perf_counter()
     return attrs.evolve(
@@ -405,45 +442,20 @@ def plan(
     )
 
 
-def _with_runner(result: Plan, model_runner: str, cfg: Any, out: Any, release: str) -> Plan:
-    """The plan's block-table widths for ``model_runner`` (the KV tensors are the same):
-    MRv2's from the ``block_table_geometry`` stage of vLLM ``release``'s MRv2 catalog."""
-    v1 = tuple(out["input_batch_geometry"].max_num_blocks)
+def _with_runner(result: Plan, model_runner: str, out: Any) -> Plan:
+    """The plan's block-table widths (blocks per request, per KV cache group) as the
+    runner planned keeps them: v1's input batch, or MRv2's ``block_table_geometry``."""
     if model_runner == "v1":
-        return attrs.evolve(result, block_table_widths=v1)
-    from ..mrv2 import base_catalog
-    from ..mrv2.types import RunnerV2Settings
-
-    block_table_geometry = base_catalog(release=release).specs["block_table_geometry"].func
-
-    model = cfg.model_config
-    sched = cfg.scheduler_config
-    settings = RunnerV2Settings(
-        max_num_reqs=sched.max_num_seqs,
-        max_num_tokens=sched.max_num_batched_tokens,
-        vocab_size=model.get_vocab_size(),
-        num_speculative_steps=cfg.num_speculative_tokens,
-        is_pooling_model=model.runner_type == "pooling",
-        is_first_pp_rank=True,
-        is_last_pp_rank=True,
-        is_encoder_decoder=model.is_encoder_decoder,
-        supports_mm_inputs=model.supports_multimodal_inputs,
-        dcp_size=cfg.parallel_config.decode_context_parallel_size,
-        dcp_rank=0,
-    )
-    geometry = block_table_geometry(cfg, out["kv_cache_config"], out["max_model_len"], settings)
-    v2 = tuple(geometry.max_num_blocks_per_group)
+        return attrs.evolve(
+            result, block_table_widths=tuple(out["input_batch_geometry"].max_num_blocks)
+        )
+    widths = tuple(out["block_table_geometry"].max_num_blocks_per_group)
     note = (
-        "Model Runner V2 allocates these same KV tensors (vLLM's allocate_kv_cache inside "
-        "init_kv_cache, the same kernel block sizes and layout); its block tables are "
-        + ("as wide as v1's." if v2 == v1 else f"{list(v2)} blocks per request (v1: {list(v1)}).")
+        "planned with Model Runner V2's catalog: the KV tensors of its init_kv_cache and "
+        f"its block tables ({list(widths)} blocks per request per group)."
     )
     return attrs.evolve(
-        result,
-        model_runner="v2",
-        block_table_widths=v2,
-        v1_block_table_widths=() if v2 == v1 else v1,
-        notes=(*result.notes, note),
+        result, model_runner="v2", block_table_widths=widths, notes=(*result.notes, note)
     )
 
 
@@ -457,14 +469,20 @@ def _platform_backend(model_out: Any) -> str:
     calls=("vllm.v1.kv_cache_interface:UniformTypeKVCacheSpecs",),
 )
 def _read_plan(
-    cfg: Any, model_dir: str, backend: str, model_out: Any, out: Any, platform: Any
+    cfg: Any,
+    model_dir: str,
+    backend: str,
+    model_out: Any,
+    out: Any,
+    platform: Any,
+    model_runner: str,
 ) -> Plan:
     """Turn the pipeline's outputs into plain data (no tensor is kept)."""
     from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
 
     kv_cfg = out["runner_kv_cache_config"]
     kernel = list(out["kernel_block_sizes"])
-    kv = out["kv_caches"]
+    kv = out[_KV_BY_LAYER[model_runner]]
     shared = model_out["shared_kv_cache_layers"]
     group_of = {n: gid for gid, g in enumerate(kv_cfg.kv_cache_groups) for n in g.layer_names}
     groups = []
@@ -619,9 +637,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model-runner",
         choices=tuple(a.runner for a in runner_adapters()),
-        default="v1",
-        help="the runner planned for: v1 (default) or v2 (Model Runner V2: the same KV "
-        "tensors, its own block-table widths)",
+        help="the runner planned for, with its catalog: v1 or v2 (Model Runner V2); "
+        "default: v1 where the installed vLLM has it, else v2 (vLLM 0.34.0 on)",
     )
     p.add_argument("--dtype", help="model dtype (vLLM --dtype)")
     p.add_argument("--kv-cache-dtype", help="KV cache dtype (vLLM --kv-cache-dtype)")

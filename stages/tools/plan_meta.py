@@ -17,8 +17,11 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
+from ..contract.declare import vllm_uses
+
 __all__ = [
     "ASSUMED_CAPABILITY",
+    "META_RUNNERS",
     "engine_config",
     "ensure_distributed",
     "meta_model",
@@ -28,6 +31,12 @@ __all__ = [
     "rank_identity",
     "target_platform",
 ]
+
+#: The runner class built on meta for each runner ``plan`` plans for.
+META_RUNNERS = {
+    "v1": "vllm.v1.worker.gpu_model_runner:GPUModelRunner",
+    "v2": "vllm.v1.worker.gpu.model_runner:GPUModelRunner",
+}
 
 #: Compute capability assumed when validating a CUDA backend on a host without one.
 ASSUMED_CAPABILITY = (9, 0)
@@ -176,13 +185,19 @@ def meta_model(vllm_config: Any, backend: str | None) -> Any:
         return initialize_model(vllm_config)
 
 
-def meta_runner(vllm_config: Any) -> Any:
-    """A ``GPUModelRunner`` with ``device=meta``: the catalog's start and batch inputs."""
+@vllm_uses("plan", calls=(META_RUNNERS["v1"],), runner="v1")
+@vllm_uses("plan", calls=(META_RUNNERS["v2"],), runner="mrv2")
+@vllm_uses("plan", calls=("vllm.platforms:current_platform",))
+def meta_runner(vllm_config: Any, runner: str = "v1") -> Any:
+    """``runner``'s ``GPUModelRunner`` (``"v1"``, or ``"v2"``: Model Runner V2's) with
+    ``device=meta``: the catalog's start and batch inputs."""
+    import importlib
+
     import torch
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():
         import vllm.v1.worker.cpu_worker  # noqa: F401  (placeholder streams/events)
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    return GPUModelRunner(vllm_config, torch.device("meta"))
+    module, _, name = META_RUNNERS[runner].partition(":")
+    runner_class = getattr(importlib.import_module(module), name)
+    return runner_class(vllm_config, torch.device("meta"))

@@ -34,9 +34,11 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheSpec
 
 __all__ = [
+    "MRV2_PLAN_STAGES",
     "PLAN_STAGES",
     "BlockSizeChoice",
     "engine_kv_cache_config",
+    "forward_context_layers",
     "kv_cache_layout",
     "planned_block_size",
 ]
@@ -205,4 +207,48 @@ def engine_kv_cache_config(
     return {"kv_cache_config": cfg, "max_model_len": vllm_config.model_config.max_model_len}
 
 
+@stage(
+    needs="model",
+    provides=("attention_layers", "attn_backends", "shared_kv_cache_layers"),
+    meta={
+        "mirrors": ("vllm.v1.worker.worker_base:WorkerBase.get_supported_kv_cache_layouts",),
+        "calls": (
+            "vllm.config:get_layers_from_vllm_config",
+            "vllm.model_executor.layers.attention_layer_base:AttentionLayerBase",
+            "vllm.model_executor.layers.attention:Attention",
+        ),
+    },
+)
+def forward_context_layers(vllm_config: VllmConfig, model: Any) -> dict[str, Any]:
+    """The model's attention-like layers, each one's backend, and the KV-sharing pairs,
+    read from the forward context the model's construction filled.
+
+    What the engine asks every worker for its layouts (``get_current_attn_backends``: one
+    backend per layer, ``layer.get_attn_backend()``), as the planning pipeline of Model
+    Runner V2 needs it: that runner's catalog has no stage of its own for these (the v1
+    catalog's ``attention_layers``, ``attn_backends`` and ``shared_kv_cache_layers`` are
+    its stages and stay out of an MRv2 plan). ``model`` only orders this after the load.
+    """
+    from vllm.config import get_layers_from_vllm_config
+    from vllm.model_executor.layers.attention import Attention
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+    del model
+    base: Any = AttentionLayerBase  # vLLM's own call passes the abstract base too
+    layers = dict(get_layers_from_vllm_config(vllm_config, base))
+    shared = {
+        name: target
+        for name, layer in layers.items()
+        if isinstance(layer, Attention) and (target := layer.kv_sharing_target_layer_name)
+    }
+    return {
+        "attention_layers": layers,
+        "attn_backends": {name: layer.get_attn_backend() for name, layer in layers.items()},
+        "shared_kv_cache_layers": shared,
+    }
+
+
+#: The engine-side planning stages, around either runner's catalog.
 PLAN_STAGES = (planned_block_size, kv_cache_layout, engine_kv_cache_config)
+#: What an MRv2 plan adds: the layers and backends the v1 catalog's model phase provides.
+MRV2_PLAN_STAGES = (forward_context_layers,)

@@ -196,9 +196,9 @@ def _views(items) -> list:
 
 @pytest.mark.parametrize("model", PLANNED)
 def test_an_mrv2_plan_is_what_stock_mrv2_allocates(reports, plans, model) -> None:
-    """The MRv2 plan against stock MRv2's runner at init (the harness's engine): the same
-    KV views (shape, stride, dtype; KV-sharing aliases included), kernel block sizes and
-    block-table widths."""
+    """The MRv2 plan (MRv2's catalog on the meta device) against stock MRv2's runner at
+    init (the harness's engine): the same KV views (shape, stride, dtype; KV-sharing
+    aliases included), kernel block sizes and block-table widths."""
     stock = reports[model]["stock"]["init"]
     num_blocks = stock["kv_cache_config"]["num_blocks"]
     plan = plans[model]
@@ -211,7 +211,9 @@ def test_an_mrv2_plan_is_what_stock_mrv2_allocates(reports, plans, model) -> Non
     assert _views(planned) == _views(stock["runner_kv_caches"])
     widths = [shape[1] for shape in stock["block_tables"]["input_block_tables"]]
     assert plan["block_table_widths"] == widths
-    assert any("Model Runner V2 allocates these same KV tensors" in n for n in plan["notes"])
+    assert any("planned with Model Runner V2's catalog" in n for n in plan["notes"])
+    # the plan ran MRv2's own catalog, not v1's
+    assert "block_tables" in plan["stages"] and "allocated_kv_caches" not in plan["stages"]
 
 
 def test_initpipe_run_model_runner_v2_compares_with_stock_and_traces(tmp_path, capsys) -> None:

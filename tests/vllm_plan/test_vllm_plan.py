@@ -49,6 +49,39 @@ def test_planning_pipeline_is_the_catalog_plus_planning_stages() -> None:
     assert "target_platform" in pipe.inputs["start"]
 
 
+def test_an_mrv2_plan_runs_that_runners_catalog_its_spec_stage_and_the_planning_stages() -> None:
+    """Model Runner V2's plan: its catalog (no v1 stage), its one-stage spec pipeline, the
+    layers and backends its catalog does not output, the engine-side stages."""
+    from initpipe_vllm import mrv2
+
+    pipe = planning_pipeline(runner="v2")
+    assert set(mrv2.base_catalog().specs) <= set(pipe.specs)
+    assert not set(pipe.specs) & {"input_batch", "allocated_kv_caches", "attention_groups"}
+    assert pipe.producers_by_stage["kv_cache_spec"] == "kv_cache_spec"
+    assert pipe.producers_by_stage["attn_backends"] == "forward_context_layers"
+    order = pipe.order
+    assert order.index("forward_context_layers") < order.index("planned_block_size")
+    assert order.index("planned_block_size") < order.index("kv_cache_spec")
+    assert pipe.producers_by_stage["runner_kv_cache_config"] == "attn_backend"
+    assert order.index("engine_kv_cache_config") < order.index("attn_backend")
+    kv_inputs = pipe.inputs["kv_cache_config"]
+    assert {"num_blocks", "kv_bytes"} <= set(kv_inputs)
+    assert not {"kv_cache_config", "max_model_len"} & set(kv_inputs)
+
+
+def test_a_release_without_model_runner_v1_plans_with_model_runner_v2() -> None:
+    """0.34.0 has Model Runner V2 only: its default plan is MRv2's; v1 is refused by name."""
+    from initpipe_vllm.errors import UnsupportedRunnerError
+    from initpipe_vllm.tools.plan import default_runner
+
+    assert (default_runner("0.32.0"), default_runner("0.34.0")) == ("v1", "v2")
+    assert planning_pipeline(release="0.34.0").name == "initpipe_vllm.plan.mrv2"
+    with pytest.raises(UnsupportedRunnerError, match=r"vLLM 0\.34\.0 has no Model Runner V1"):
+        planning_pipeline(release="0.34.0", runner="v1")
+    with pytest.raises(UnsupportedRunnerError, match="'v3' is not one of"):
+        planning_pipeline(runner="v3")
+
+
 @pytest.mark.parametrize(
     "argv, fragment",
     [
