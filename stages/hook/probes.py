@@ -88,6 +88,9 @@ _CORE = "vllm.v1.engine.core"
 _WORKER = "vllm.v1.worker.gpu_worker:Worker"
 _CPU = "vllm.v1.worker.cpu_worker:CPUWorker"
 _API = "vllm.entrypoints.launchers.api_server.entry"
+_STANDALONE_WARM_UP = (
+    "vllm.v1.worker.cpu.standalone_model_runner:StandaloneCPUModelRunner.warming_up_model"
+)
 
 #: The probed functions: the steps of a start that run under no span of vLLM's own.
 PROBES: tuple[Probe, ...] = (
@@ -121,6 +124,17 @@ PROBES: tuple[Probe, ...] = (
         f"{_CPU}.determine_available_memory",
         "memory profiling",
         "the CPU worker's memory profile",
+    ),
+    Probe(
+        "vllm.v1.worker.cpu.model_runner:CPUModelRunner.warming_up_model",
+        "warm-up, compile, capture",
+        "Model Runner V2's CPU warm-up (a profile run that compiles), which the CPU worker "
+        "calls inside its memory profile; v1's is vLLM's own span, Warmup (CPU)",
+    ),
+    Probe(
+        _STANDALONE_WARM_UP,
+        "warm-up, compile, capture",
+        "the standalone CPU runner's warm-up (vLLM 0.34.0 on non-x86 CPUs without Triton)",
     ),
     Probe(
         f"{_WORKER}.determine_available_memory",
@@ -341,14 +355,22 @@ class _Finder(importlib.abc.MetaPathFinder):
         return exec_timed
 
 
-#: Probes of a vLLM function a later release removed: the releases that have it.
+#: Probes of a vLLM function only some releases have: those releases (a probe whose module
+#: a release lacks is never installed there; one whose module it has records "missing").
 #: ``_rebind_kernels``: 0.34.0 renamed it ``_rebind_impls``, and its CPU platform no longer
-#: registers kernel overrides (nothing calls it there): no probe on 0.34.
-_UNTIL = {"vllm.triton_utils.dispatcher:_rebind_kernels": ("0.32.0", "0.33.0")}
+#: registers kernel overrides (nothing calls it there): no probe on 0.34. The standalone
+#: CPU runner (0.34.0 on, non-x86 CPUs without Triton) warms up by itself.
+_ONLY_IN = {
+    "vllm.triton_utils.dispatcher:_rebind_kernels": ("0.32.0", "0.33.0"),
+    _STANDALONE_WARM_UP: ("0.34.0",),
+}
 
 
-@vllm_uses("startup", calls=tuple(_UNTIL), release=("0.32.0", "0.33.0"))
-@vllm_uses("startup", calls=tuple(p.target for p in PROBES if p.target not in _UNTIL))
+@vllm_uses("startup", calls=(_STANDALONE_WARM_UP,), release="0.34.0")
+@vllm_uses(
+    "startup", calls=("vllm.triton_utils.dispatcher:_rebind_kernels",), release=("0.32.0", "0.33.0")
+)
+@vllm_uses("startup", calls=tuple(p.target for p in PROBES if p.target not in _ONLY_IN))
 def install(
     record: Callable[[dict[str, Any]], None] | None = None,
     probes: Sequence[Probe] = PROBES,

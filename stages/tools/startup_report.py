@@ -121,7 +121,9 @@ SPAN_SITES: dict[str, str] = {
 #: The spans of Model Runner V1's runners: only the releases with that runner (0.32.0,
 #: 0.33.0) emit them. 0.34.0 has no v1 runner, and Model Runner V2 has no span of its own:
 #: its loading is under "Load model" (and the ``Worker.load_model`` probe), its capture
-#: under "Warmup (GPU)", its CPU warm-up under the CPU worker's memory-profiling probe.
+#: under "Warmup (GPU)", its CPU warm-up under the ``CPUModelRunner.warming_up_model``
+#: probe (phase "warm-up, compile, capture"; the CPU worker calls it inside its memory
+#: profile, when it warms up at all: not in eager mode with an explicit KV size).
 V1_SPAN_SITES: dict[str, str] = {
     "Loading (GPU)": "vllm.v1.worker.gpu_model_runner:GPUModelRunner.load_model",
     "Loading (CPU)": "vllm.v1.worker.cpu_model_runner:CPUModelRunner.load_model",

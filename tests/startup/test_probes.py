@@ -212,7 +212,7 @@ def test_every_probe_target_exists_in_the_installed_vllm(probe: probes.Probe) ->
     from initpipe_vllm.contract.report import installed_release
 
     release = installed_release("startup")
-    if release not in probes._UNTIL.get(probe.target, (release,)):
+    if release not in probes._ONLY_IN.get(probe.target, (release,)):
         pytest.skip(f"vLLM {release} has no {probe.target}: no probe on it")
     obj = importlib.import_module(probe.module)
     for part in probe.name.split("."):
