@@ -64,6 +64,7 @@ RELEASE_PROOFS = (
             "test_no_prefix_cache_block_survives_a_refit",
             "test_the_digest_sees_a_change_to_one_linear_weight",
             "test_a_fault_at_any_step_fails_closed_and_a_retry_succeeds",
+            "test_vllms_direct_reload_is_refused_before_anything_changes",
         )
     ),
     "tests/vllm/test_resize_parallel.py::test_a_refit_reaches_every_rank_and_back_equals_a_fresh_engine[v1]",

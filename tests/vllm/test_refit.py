@@ -320,6 +320,29 @@ def _attempt(call: Callable[[], Any]) -> dict[str, Any]:
     return {"error": None, "value": value.to_dict() if hasattr(value, "to_dict") else value}
 
 
+def _direct_reload_attempt(llm: Any, weights: Path) -> dict[str, Any] | None:
+    """A refit under vLLM 0.34's ``VLLM_RELOAD_MODE=direct`` (None where vLLM has no direct
+    reload). vLLM caches its variables once the engine started: its own
+    ``disable_envs_cache`` lets this read the new value, as a start with it set would."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm.model_executor.model_loader.reload.direct") is None:
+        return None
+    import vllm.envs as envs
+
+    import initpipe_vllm as ip
+
+    cached = envs._is_envs_cache_enabled()
+    os.environ["VLLM_RELOAD_MODE"] = "direct"
+    envs.disable_envs_cache()
+    try:
+        return _attempt(lambda: ip.refit(llm, weights))
+    finally:
+        del os.environ["VLLM_RELOAD_MODE"]
+        if cached:
+            envs.enable_envs_cache()  # a new cache: read again, without the variable
+
+
 def _failed_engine(llm: Any) -> dict[str, Any]:
     """What a failed-closed engine says and does."""
     from vllm import SamplingParams
@@ -413,6 +436,9 @@ def _engine_under_test(a: Path, b: Path, extra: dict[str, Any], spy: Any, tmp: P
         "bad_tensor_item": lambda: ip.refit(llm, [("x", 1)]),
     }.items():
         refusals[name] = _attempt(call)
+    direct = _direct_reload_attempt(llm, b)
+    if direct is not None:
+        refusals["direct_reload"] = direct
     refusals["after"] = {"info": ip.weights_info(llm).to_dict(), "outputs": _outputs(llm)}
     rec["refusals"] = refusals
 
@@ -673,6 +699,17 @@ def test_bad_arguments_are_refused_before_anything_changes(result: Any, case: st
     err = result["engine"]["refusals"][case]["error"]
     assert err is not None and err["type"] == "RefitRefusedError", err
     assert err["step"] in ("arguments", "planning", "weights")
+
+
+def test_vllms_direct_reload_is_refused_before_anything_changes(result: Any) -> None:
+    """0.34's ``VLLM_RELOAD_MODE=direct`` bypasses the layerwise reload a refit checks its
+    load against: refused by name, still serving (the next test: serving as before)."""
+    refusals = result["engine"]["refusals"]
+    if "direct_reload" not in refusals:
+        pytest.skip("this vLLM has no direct reload (0.34.0 added VLLM_RELOAD_MODE)")
+    err = refusals["direct_reload"]["error"]
+    assert err is not None and err["type"] == "RefitRefusedError", err
+    assert "VLLM_RELOAD_MODE=direct" in err["message"] and err["serving"] is True
 
 
 def test_after_the_refusals_the_engine_serves_its_weights_as_before(result: Any) -> None:
