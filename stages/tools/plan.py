@@ -108,8 +108,6 @@ _START_EXTRA = ("target_platform",)
 _KV_FROM_PLAN = ("kv_cache_config", "kv_cache_layout", "max_model_len")
 #: Each runner's KV views by layer name (KV-sharing layers alias their target's view).
 _KV_BY_LAYER = {"v1": "kv_caches", "v2": "kv_caches_by_layer"}
-#: How the summary names each runner.
-_RUNNER_LABELS = {"v1": "Model Runner V1", "v2": "Model Runner V2"}
 #: The model phase's inputs besides the model, by runner: MRv2's load reports whether the
 #: speculator registered with EPLB (none on meta) and whether the weights were dummies.
 _MODEL_EXTRA: dict[str, dict[str, Any]] = {
@@ -195,7 +193,7 @@ class Plan:
             f"max_num_seqs {self.max_num_seqs}, max_num_batched_tokens "
             f"{self.max_num_batched_tokens:,})",
             f"cudagraphs   {self.cudagraph_mode}",
-            f"runner       {_RUNNER_LABELS[self.model_runner]}; block tables "
+            f"runner       {runner_adapter(self.model_runner).labels.plan}; block tables "
             f"{list(self.block_table_widths)} blocks per request per group",
             f"groups       {len(self.groups)}",
         ]
