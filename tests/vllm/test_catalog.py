@@ -317,10 +317,13 @@ def test_a_release_without_a_runner_has_neither_its_catalog_nor_its_declarations
     }
     assert {u.affects for u in new} == {u.affects for u in old if u.runner != "v1"}
     shared = [u for u in new if u.affects == "initpipe_vllm.compat:plan_kv_cache_configs"]
-    assert shared and all(u.capabilities == ("resize",) for u in shared)  # plan's is gone
-    assert not any("plan" in u.capabilities for u in new)  # plan plans with the v1 catalog
+    assert shared and all(u.capabilities == ("plan", "resize") for u in shared)
+    # plan belongs to no runner: it plans with the release's own (MRv2 here), not v1's
+    assert any("plan" in u.capabilities for u in new)
+    assert not any("plan" in u.capabilities and u.runner == "v1" for u in new)
+    assert "forward_context_layers" in planning_pipeline(release="99.1.0").specs  # MRv2 plan
     with pytest.raises(UnsupportedRunnerError, match=r"initpipe plan .* 99\.1\.0 has no Model"):
-        planning_pipeline(release="99.1.0")
+        planning_pipeline(release="99.1.0", runner="v1")
 
 
 def test_a_declaration_belongs_to_the_runner_of_its_one_catalog() -> None:
@@ -346,7 +349,8 @@ def test_a_declaration_belongs_to_the_runner_of_its_one_catalog() -> None:
     assert uses(capability="catalog_v1", calls=(name,)) == "v1"
     assert uses(capability="catalog_mrv2", calls=(name,)) == "mrv2"
     assert uses(capability=("catalog_v1", "catalog_mrv2"), calls=(name,)) is None
-    assert uses(capability=("catalog_v1", "plan"), calls=(name,)) == "v1"  # plan: v1's
+    assert uses(capability=("catalog_v1", "plan"), calls=(name,)) is None  # plan: either's
+    assert uses(capability="plan", calls=(name,)) is None
     assert uses(capability=("catalog_v1", "resize"), calls=(name,)) is None
     assert uses(capability=("catalog_v1", "catalog_mrv2"), calls=(name,), runner="v1") == "v1"
     with pytest.raises(ValueError, match="runner='v3'"):
