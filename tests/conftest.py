@@ -7,6 +7,7 @@ device). For the whole session, ``TMPDIR`` (and Python's cached ``tempfile.tempd
 ``XDG_RUNTIME_DIR`` point into pytest's base temporary folder, so temporary files of vLLM,
 torch and Chromium, and initpipe's private failure-trace folder, land there too —
 including in the subprocesses tests start, which inherit the environment.
+``INITPIPE_CACHE_DIR`` (the real model's conversion) is one folder all workers share.
 
 ``make test`` runs the modules in two worker processes (pytest-xdist, ``--dist loadfile
 --no-loadscope-reorder``: a module stays in one worker, so its engines start once, and the
@@ -19,6 +20,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from release_tier import V1_ONLY, names, proofs
@@ -98,15 +100,28 @@ def _runs_v1(item: pytest.Item) -> bool:
     return any(v == "v1" or (isinstance(v, tuple) and "v1" in v) for v in params.values())
 
 
+def shared_tmp(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A folder of this pytest run that every xdist worker shares (the base temporary
+    folder's parent holds one folder per worker), so a worker reuses what another built."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder = root / name
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _writes_stay_in_pytest_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     runtime = tmp_path_factory.mktemp("xdg_runtime")
     runtime.chmod(0o700)
     tmp = tmp_path_factory.mktemp("tmp")
-    saved = {k: os.environ.get(k) for k in ("TMPDIR", "XDG_RUNTIME_DIR")}
+    keys = ("TMPDIR", "XDG_RUNTIME_DIR", "INITPIPE_CACHE_DIR")
+    saved = {k: os.environ.get(k) for k in keys}
     saved_tempdir = tempfile.tempdir
     os.environ["TMPDIR"] = str(tmp)
     os.environ["XDG_RUNTIME_DIR"] = str(runtime)
+    # the real model's conversion (initpipe_vllm.real_model): once per run, for every worker
+    os.environ["INITPIPE_CACHE_DIR"] = str(shared_tmp(tmp_path_factory, "initpipe-cache"))
     tempfile.tempdir = str(tmp)
     try:
         yield

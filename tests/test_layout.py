@@ -137,6 +137,7 @@ VLLM_LAYERS = [
     (r"initpipe_vllm\.(v1|mrv2)\b", (0, 2)),
     (r"initpipe_vllm\.(catalogs|releases)$", (0, 1)),
     (r"initpipe_vllm\.(errors|vllm_names|_import_time)$", (0, 0)),
+    (r"initpipe_vllm\.real_model$", (0, 1)),  # the real model's cache: errors only
     (r"initpipe_vllm$", (0, 4)),
 ]
 #: The catalog packages: siblings at the catalog level.

@@ -348,7 +348,8 @@ def _standalone_refusal(stock_worker: str | None) -> Refusal | None:
         return None
     from vllm.platforms import current_platform
 
-    standalone = getattr(current_platform, "uses_standalone_cpu_model_runner", None)
+    # read off the class: the instance's __getattr__ logs a warning for a missing name (0.32)
+    standalone = getattr(type(current_platform), "uses_standalone_cpu_model_runner", None)
     if standalone is None or not standalone():
         return None
     return _v2_refusal(

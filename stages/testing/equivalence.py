@@ -131,8 +131,9 @@ def loadable_model(
     Args:
         model_dir: A tiny model folder (``config.json``).
         weights: ``"seeded"`` (real seeded weights, see
-            :func:`~initpipe_vllm.testing.weights.seeded_model`) or ``"dummy"`` (vLLM's
-            ``load_format="dummy"`` on ``model_dir`` itself).
+            :func:`~initpipe_vllm.testing.weights.seeded_model`), ``"dummy"`` (vLLM's
+            ``load_format="dummy"`` on ``model_dir`` itself) or ``"real"`` (the folder's
+            own checkpoint, in its config's dtype).
         weights_dir: Where seeded weights are cached; ``None``: a temporary folder,
             removed when the context exits.
 
@@ -140,13 +141,16 @@ def loadable_model(
         ``(folder, overrides)``: pass ``overrides`` to :func:`workload_engine_kwargs`.
 
     Raises:
-        ValueError: ``weights`` is neither ``"seeded"`` nor ``"dummy"``.
+        ValueError: ``weights`` is not one of those three.
     """
     if weights == "dummy":
         yield Path(model_dir), {"load_format": "dummy"}
         return
+    if weights == "real":  # the folder's own checkpoint, in the dtype its config names
+        yield Path(model_dir), {"load_format": "auto", "dtype": "auto"}
+        return
     if weights != "seeded":
-        msg = f"weights={weights!r}: expected 'seeded' or 'dummy'"
+        msg = f"weights={weights!r}: expected 'seeded', 'dummy' or 'real'"
         raise ValueError(msg)
     from .weights import seeded_model
 

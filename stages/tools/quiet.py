@@ -31,6 +31,10 @@ KNOWN_NOISE = (
     "libtcmalloc is not found in LD_PRELOAD",  # CPU performance advice
     "libiomp is not found in LD_PRELOAD",
     "CPU backend doesn't allow to use `torch.set_num_threads`",
+    # a second engine in this process (--compare-stock, --resize): the first one's CPU
+    # worker set VLLM_DIST_IDENT in the environment, and vLLM's Triton kernels register anew
+    "Unknown vLLM environment variable detected: VLLM_DIST_IDENT",
+    "Kernel vllm.",
 )
 
 

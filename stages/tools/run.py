@@ -49,7 +49,16 @@ from .quiet import NOISE, quiet
 
 __all__ = ["DEFAULT_MODEL", "NotStockError", "build_parser", "main"]
 
+#: The embedded toy (config.json only): ``--model tiny-llama``, and the tests' model.
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "tiny-llama"
+#: The models ``--model`` knows by name; the first is the default.
+MODEL_NAMES = ("smollm2", "tiny-llama")
+#: KV cache sizes by default: the toy's 8 MiB; the real model's 64 MiB (about 2,900
+#: tokens of SmolLM2-135M's 30 layers in bfloat16).
+TOY_KV_BYTES = 8 << 20
+REAL_KV_BYTES = 64 << 20
+#: The chat turn ``initpipe run`` asks a model with a chat template.
+CHAT_QUESTION = "What is the capital of France?"
 
 
 def _say(text: str = "") -> None:
@@ -129,15 +138,44 @@ def _print_summary(summary: dict[str, Any]) -> None:
     total = sum(d for _, d in path)
     _say(f"\ncritical path ({total * 1e3:.3f} ms): " + " -> ".join(n for n, _ in path))
     _say(f"\nKV cache: {summary['num_blocks']} blocks per layer")
-    counted = 0
-    for layer in summary["layers"]:
+    layers = summary["layers"]
+    counted = sum(0 if layer["shares_with"] else layer["bytes"] for layer in layers)
+    for layer, alike in _runs_of_alike(layers):
         share = f"  (shares {layer['shares_with']})" if layer["shares_with"] else ""
-        counted += 0 if layer["shares_with"] else layer["bytes"]
+        if alike:
+            _say(f"  ... {alike} more layers of that shape, dtype and size")
+            continue
         _say(
             f"  {layer['layer']:44} {tuple(layer['shape'])!s:22} {layer['dtype']:14} "
             f"{layer['bytes']:>12,} B{share}"
         )
-    _say(f"  total (distinct)  {counted:,} B")
+    _say(f"  total (distinct)  {counted:,} B in {len(layers)} layers")
+
+
+def _runs_of_alike(layers: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]:
+    """The layers to print: a run of more than three own-storage layers of one shape, dtype
+    and size shows its first and last, with ``(layer, n)`` standing for the ``n`` between."""
+
+    def kind(layer: dict[str, Any]) -> Any:
+        if layer["shares_with"]:
+            return None
+        return (tuple(layer["shape"]), layer["dtype"], layer["bytes"])
+
+    out: list[tuple[dict[str, Any], int]] = []
+    i = 0
+    while i < len(layers):
+        j = i + 1
+        while (
+            j < len(layers) and kind(layers[i]) is not None and kind(layers[j]) == kind(layers[i])
+        ):
+            j += 1
+        run = layers[i:j]
+        if len(run) > 3:
+            out += [(run[0], 0), (run[1], len(run) - 2), (run[-1], 0)]
+        else:
+            out += [(layer, 0) for layer in run]
+        i = j
+    return out
 
 
 class NotStockError(RuntimeError):
@@ -230,19 +268,34 @@ TEXT_PROMPTS = (
 )
 
 
-def _generate_text(llm: Any) -> list[tuple[str, str]]:
-    """Greedy completions of :data:`TEXT_PROMPTS` (8 tokens each)."""
+def _generate_text(llm: Any, weights: str) -> list[tuple[str, str]]:
+    """Greedy completions of :data:`TEXT_PROMPTS`: 8 tokens each on a toy's noise, up to 16
+    (or the end of the sentence) on real weights, then the chat turn :data:`CHAT_QUESTION`
+    where the model has a chat template."""
     from vllm import SamplingParams
 
-    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    real = weights == "real"
+    params = SamplingParams(max_tokens=16 if real else 8, temperature=0.0, ignore_eos=not real)
     outs = llm.generate(list(TEXT_PROMPTS), params, use_tqdm=False)
-    return [(o.prompt, o.outputs[0].text) for o in outs]
+    texts = [(o.prompt, o.outputs[0].text) for o in outs]
+    if real and _chat_template(llm):
+        chat = SamplingParams(max_tokens=48, temperature=0.0)
+        turn = [{"role": "user", "content": CHAT_QUESTION}]
+        answer = llm.chat(turn, chat, use_tqdm=False)[0].outputs[0].text
+        texts.append((f"chat: {CHAT_QUESTION}", answer))
+    return texts
+
+
+def _chat_template(llm: Any) -> bool:
+    tokenizer = llm.get_tokenizer()
+    return bool(getattr(tokenizer, "chat_template", None))
 
 
 def _print_text(texts: list[tuple[str, str]], weights: str) -> None:
     why = {
         "dummy": "dummy weights: the words are noise, the path to them is real",
         "seeded": "seeded random weights: the words are noise, the path to them is real",
+        "real": "the model's own weights, greedy",
     }[weights]
     _say(f"\ntext prompts ({why}):")
     for prompt, text in texts:
@@ -264,11 +317,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="initpipe run", description=__doc__.splitlines()[0])
     p.add_argument(
         "--model",
+        default=MODEL_NAMES[0],
+        metavar="NAME|DIR",
+        help="smollm2 (default: SmolLM2-135M-Instruct's real weights, converted once into "
+        "--cache-dir), tiny-llama (the embedded toy: dummy weights, or seeded ones with "
+        "--compare-stock or --resize), or a local model folder with config.json (its own "
+        "*.safetensors weights where it has them, else like the toy)",
+    )
+    p.add_argument(
+        "--cache-dir",
         type=Path,
-        default=DEFAULT_MODEL,
         metavar="DIR",
-        help="a local model folder with config.json (default: the embedded tiny "
-        "Llama); dummy weights, or seeded ones with --compare-stock",
+        help="where the smollm2 conversion is kept (default: $INITPIPE_CACHE_DIR, else "
+        "$XDG_CACHE_HOME/initpipe, else ~/.cache/initpipe)",
     )
     p.add_argument(
         "--trace",
@@ -292,9 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kv-bytes",
         type=int,
-        default=8 << 20,
         metavar="B",
-        help="KV cache size in bytes (default: 8 MiB)",
+        help="KV cache size in bytes (default: 64 MiB for a model with real weights, "
+        "8 MiB for a toy)",
     )
     p.add_argument(
         "--resize",
@@ -332,9 +393,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the main job; return 0 on success, 1 on a stage failure or a stock mismatch."""
     args = build_parser().parse_args(argv)
-    if not (args.model / "config.json").is_file():
-        print(f"Error: --model {args.model}: no config.json in that folder", file=sys.stderr)
-        return 2
+    try:
+        args.model, real = _resolve_model(args.model, args.cache_dir)
+    except ModelChoiceError as err:
+        print(f"Error: --model {err}", file=sys.stderr)
+        return 2 if err.usage else 1
+    if args.kv_bytes is None:
+        args.kv_bytes = REAL_KV_BYTES if real else TOY_KV_BYTES
     if args.kv_bytes <= 0:
         print("Error: --kv-bytes must be a positive number of bytes", file=sys.stderr)
         return 2
@@ -360,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..testing.equivalence import loadable_model, parallel_engine_kwargs
     from ..testing.weights import WeightsError
 
-    weights = "seeded" if args.compare_stock or args.resize else "dummy"
+    weights = "real" if real else "seeded" if args.compare_stock or args.resize else "dummy"
     parallel = parallel_engine_kwargs(args.tensor_parallel_size, args.pipeline_parallel_size)
     try:
         with contextlib.ExitStack() as stack:
@@ -374,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             model, extra = found
             if _has_tokenizer(args.model):  # text prompts, and vLLM's chat-template warm-up
                 extra = {**extra, "skip_tokenizer_init": False}
+            args.weights = weights
             status = _run(args, model, {**extra, **parallel})
             if NOISE.hidden:
                 _say(
@@ -384,6 +450,38 @@ def main(argv: list[str] | None = None) -> int:
     except WeightsError as err:  # an architecture transformers cannot build
         print(f"Error: --compare-stock: {err}", file=sys.stderr)
         return 1
+
+
+class ModelChoiceError(RuntimeError):
+    """``--model`` names nothing runnable; ``usage``: a bad value (exit 2), else the real
+    model could not be had (exit 1)."""
+
+    def __init__(self, message: str, *, usage: bool) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+def _resolve_model(value: str, cache_dir: Path | None) -> tuple[Path, bool]:
+    """``--model``'s folder, and whether it holds real weights (``*.safetensors``)."""
+    if value == "smollm2":
+        from ..real_model import RealModelError, smollm2
+
+        try:
+            return smollm2(cache_dir, say=_progress), True
+        except RealModelError as err:
+            raise ModelChoiceError(f"smollm2: {err}", usage=False) from None
+    folder = DEFAULT_MODEL if value == "tiny-llama" else Path(value)
+    if not (folder / "config.json").is_file():
+        names = ", ".join(MODEL_NAMES)
+        msg = f"{value}: no config.json in that folder (or name one of: {names})"
+        raise ModelChoiceError(msg, usage=True)
+    return folder, any(folder.glob("*.safetensors"))
+
+
+def _progress(line: str) -> None:
+    """Progress of work before the run (the real model's one-time conversion): stderr,
+    beside the progress bars of the libraries doing it."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def _has_tokenizer(model: Path) -> bool:
@@ -438,7 +536,8 @@ def _run(args: argparse.Namespace, model: Path, extra: dict[str, Any]) -> int:
         if len(summaries) > 1:
             _print_ranks_stages(summaries)
         piped = _observe(llm, task)
-        texts = _generate_text(llm) if task == "generate" and _has_tokenizer(args.model) else []
+        has_text = task == "generate" and _has_tokenizer(args.model)
+        texts = _generate_text(llm, args.weights) if has_text else []
         if args.resize:
             resized = _resize_steps(llm, task, args.resize)
     finally:
@@ -447,7 +546,7 @@ def _run(args: argparse.Namespace, model: Path, extra: dict[str, Any]) -> int:
         del llm
         gc.collect()
     if texts:
-        _print_text(texts, "seeded" if model != args.model else "dummy")
+        _print_text(texts, args.weights)
     _print_outputs(task, piped["outputs"])
     _say(f"\nrunner: {summary['runner_class']} (catalog {summary['catalog']})")
     if len(summaries) > 1:

@@ -66,7 +66,16 @@ def test_initpipe_run_shows_stages_tokens_summary_and_matches_stock(tmp_path):
     """A fresh engine: ``initpipe run`` is the user's command, which starts its own (and a
     stock one to compare, and resizes it)."""
     trace = tmp_path / "init.json"
-    cmd = ["run", "--compare-stock", "--resize", "128,32", "--trace", str(trace)]
+    cmd = [
+        "run",
+        "--model",
+        "tiny-llama",
+        "--compare-stock",
+        "--resize",
+        "128,32",
+        "--trace",
+        str(trace),
+    ]
     res = subprocess.run(
         [sys.executable, "-m", "initpipe.cli", *cmd],
         env=env_for(),
@@ -122,7 +131,7 @@ def test_initpipe_run_with_two_workers_shows_every_ranks_stages(tmp_path):
     trace = tmp_path / "tp.json"
     env = env_for()
     env.pop("VLLM_CPU_OMP_THREADS_BIND", None)  # initpipe run sets it
-    cmd = ["run", "--tensor-parallel-size", "2", "--trace", str(trace)]
+    cmd = ["run", "--model", "tiny-llama", "--tensor-parallel-size", "2", "--trace", str(trace)]
     res = subprocess.run(
         [sys.executable, "-m", "initpipe.cli", *cmd],
         env=env,

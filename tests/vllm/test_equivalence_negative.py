@@ -97,7 +97,7 @@ def main(json_out: str, weights_dir: str) -> None:
     from initpipe.cli import main as initpipe_main
 
     os.environ["INITPIPE_EXTENSIONS"] = "swap_kv_bindings"
-    run_argv = ["run", "--compare-stock", "--weights-dir", weights_dir]
+    run_argv = ["run", "--model", "tiny-llama", "--compare-stock", "--weights-dir", weights_dir]
     found["run"] = _captured(lambda: initpipe_main(run_argv))
     found["failures"] = _failure_cases()
     Path(json_out).write_text(json.dumps(found, default=repr))

@@ -224,7 +224,16 @@ def test_initpipe_run_model_runner_v2_compares_with_stock_and_traces(tmp_path, c
     from initpipe.cli import main
 
     trace = tmp_path / "mrv2.json"
-    cmd = [sys.executable, "-m", "initpipe.cli", "run", "--model-runner", "v2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "initpipe.cli",
+        "run",
+        "--model",
+        "tiny-llama",
+        "--model-runner",
+        "v2",
+    ]
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
     proc = run_watched(
         [*cmd, "--compare-stock", "--resize", "16", "--trace", str(trace)], env=env, cwd=tmp_path

