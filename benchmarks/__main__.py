@@ -32,6 +32,7 @@ BENCHES = {
     "resize": "Live KV resize vs an engine restart; memory a shrink or release returns",
     "serve": "KV resize over HTTP vs a server restart",
     "refit": "Weight refit vs reading the weights + KV memset, and vs an engine restart",
+    "real": "SmolLM2-135M-Instruct: engine start, resize warm/cold and TTFT, refit",
     "mrv2": "Model Runner V2: engine start and KV re-init vs stock MRv2",
     "contract": "The vLLM contract: start-up gate and `initpipe doctor`",
     "spans": "initpipe's stage spans: tracing off vs none, cost per span when on",

@@ -1,6 +1,6 @@
 """Child process of ``benchmarks.engine``: start one in-process vLLM engine and time it.
 
-Usage: ``python -m benchmarks._engine_child [--pipelined] [--model DIR]``. Prints one line
+Usage: ``python -m benchmarks._engine_child [--pipelined] [--model DIR [--real]]``. Prints one line
 ``INITPIPE_ENGINE_JSON {...}`` on stdout with ``llm_s`` (seconds from just before
 ``LLM(...)`` to just after it returns), ``import_s`` (``import vllm``) and the runner class.
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) because an
@@ -31,6 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pipelined", action="store_true", help="initpipe's PipelinedWorker")
     ap.add_argument("--model", default=None, help="model folder (default: tiny-llama)")
     ap.add_argument(
+        "--real",
+        action="store_true",
+        help="the folder's own weights in its config's dtype, 64 MiB of KV (default: dummy "
+        "float32 weights, 8 MiB)",
+    )
+    ap.add_argument(
         "--model-runner",
         choices=("v1", "v2"),
         default=None,
@@ -55,10 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     import_s = time.perf_counter() - t0
     kwargs, _ = engine_kwargs(
         args.model or model_dir("tiny-llama"),
-        kv_cache_memory_bytes=8 << 20,
+        kv_cache_memory_bytes=(64 if args.real else 8) << 20,
         enforce_eager=True,
-        dtype="float32",
-        load_format="dummy",
+        dtype="auto" if args.real else "float32",
+        load_format="auto" if args.real else "dummy",
     )
     if args.pipelined:
         kwargs["worker_cls"] = PIPELINED_WORKER

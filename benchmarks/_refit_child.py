@@ -1,7 +1,8 @@
 """Child process of :mod:`benchmarks.refit`: one in-process engine refitted many times, the
 refit's physical floor measured in the same process, then engine restarts.
 
-Usage: ``python -m benchmarks._refit_child MODEL_DIR CACHE_DIR KV_BYTES REPEATS RESTARTS``.
+Usage: ``python -m benchmarks._refit_child MODEL_DIR CACHE_DIR KV_BYTES REPEATS RESTARTS``
+(``MODEL_DIR`` ``smollm2``: the real model and a trained copy, :mod:`benchmarks._real`).
 Prints one JSON line after ``MARK``. An in-process engine mutates its process (thread
 binding), so this runs apart from the parent.
 
@@ -94,10 +95,16 @@ def main(argv: list[str]) -> int:
     model_dir, cache_dir = Path(argv[0]), Path(argv[1])
     kv_bytes, repeats, restarts = int(argv[2]), int(argv[3]), int(argv[4])
 
-    from initpipe_vllm.testing.weights import seeded_model
-
+    real = str(model_dir) == "smollm2"  # SmolLM2-135M-Instruct and a trained copy
     t = time.perf_counter()
-    folders = [seeded_model(model_dir, cache_dir, seed=s) for s in (0, 1)]
+    if real:
+        from benchmarks._real import LABEL, real_pair
+
+        folders = real_pair(cache_dir)
+    else:
+        from initpipe_vllm.testing.weights import seeded_model
+
+        folders = [seeded_model(model_dir, cache_dir, seed=s) for s in (0, 1)]
     build_s = time.perf_counter() - t
 
     from vllm import LLM
@@ -106,7 +113,10 @@ def main(argv: list[str]) -> int:
     from initpipe_vllm.testing.equivalence import engine_kwargs
 
     # a user's engine: vLLM's own prefill chunk (not the equivalence workload's 64 tokens)
-    kwargs, _ = engine_kwargs(folders[0], load_format="auto", kv_cache_memory_bytes=kv_bytes)
+    dtype = {"dtype": "auto"} if real else {}  # the real model's own bfloat16
+    kwargs, _ = engine_kwargs(
+        folders[0], load_format="auto", kv_cache_memory_bytes=kv_bytes, **dtype
+    )
     t = time.perf_counter()
     llm = LLM(**kwargs)
     start_s = time.perf_counter() - t
@@ -159,7 +169,7 @@ def main(argv: list[str]) -> int:
 
     weight_bytes = sum(p.stat().st_size for p in folders[0].glob("*.safetensors"))
     result = {
-        "model": model_dir.name,
+        "model": LABEL if real else model_dir.name,
         "weight_bytes": weight_bytes,
         "build_s": build_s,
         "start_s": start_s,

