@@ -45,6 +45,8 @@ SLOW_FIRST = (
     "tests/vllm/test_refit_unreloadable.py",  # 40 s (GPT-OSS fails closed)
     "tests/vllm/test_refit_tp2.py",  # 80 s (three TP=2 engines, each in its own processes)
     "tests/vllm/test_refit_real.py",  # 90 s (SmolLM2-135M bf16, a training step)
+    "tests/vllm/test_rl_loop.py",  # 120 s (examples/rl_loop.py on SmolLM2: 2 steps, a restart)
+    "tests/vllm/test_real_model.py",  # 150 s (initpipe run --compare-stock; a warm resize)
     "tests/vllm/test_resize.py",  # 120 s (v1 and MRv2)
     "tests/vllm/test_resize_multiprocess.py",  # 106 s
     "tests/startup/test_startup_engines.py",  # 130 s (five starts: in-process x2, TP=2, serve, v2)
