@@ -100,6 +100,18 @@ def run(smoke: bool = False) -> list[Row]:
     repeats = 1 if smoke else 6
     global LAST_SAMPLES
     samples = LAST_SAMPLES = measure(repeats, warmup=not smoke)
+    return start_rows(samples, repeats)
+
+
+def start_rows(
+    samples: dict[str, dict[str, list[float]]],
+    repeats: int,
+    *,
+    bench: str = "engine",
+    label: str = "",
+) -> list[Row]:
+    """The in-process ``LLM()`` ratio (against :data:`MAX_RATIO`) and the whole-process
+    ratio of :func:`measure`'s samples; ``label`` prefixes each figure's name."""
     rows = []
     for key, what in (("llm_s", "LLM() in-process"), ("wall_s", "whole process")):
         s_min, s_med = mm(samples["stock"][key])
@@ -108,8 +120,8 @@ def run(smoke: bool = False) -> list[Row]:
         is_target = key == "llm_s"
         rows.append(
             Row(
-                bench="engine",
-                name=f"engine start initpipe/stock, {what} (median)",
+                bench=bench,
+                name=f"{label}engine start initpipe/stock, {what} (median)",
                 value=round(ratio, 4),
                 unit="x",
                 target=f"<= {MAX_RATIO}" if is_target else "",

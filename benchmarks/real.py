@@ -42,22 +42,6 @@ def _resize(repeats: int) -> dict[str, list[dict[str, Any]]]:
     )
 
 
-def _start_rows(samples: dict[str, dict[str, list[float]]], repeats: int) -> list[Row]:
-    s_min, s_med = mm(samples["stock"]["llm_s"])
-    p_min, p_med = mm(samples["initpipe"]["llm_s"])
-    return [
-        Row(
-            bench="real",
-            name=f"{LABEL} engine start initpipe/stock, LLM() in-process (median)",
-            value=round(p_med / s_med, 4),
-            unit="x",
-            detail=f"initpipe min/med {p_min:.3f}/{p_med:.3f} s; stock min/med "
-            f"{s_min:.3f}/{s_med:.3f} s; {repeats} ABBA-alternated fresh processes per side; "
-            f"whole process stock median {mm(samples['stock']['wall_s'])[1]:.1f} s",
-        )
-    ]
-
-
 def _resize_rows(res: dict[str, list[dict[str, Any]]], stock_start_s: float) -> list[Row]:
     out = []
     ttft = {}
@@ -122,7 +106,7 @@ def run(smoke: bool = False) -> list[Row]:
     folder = str(smollm2())
     starts = 1 if smoke else 4
     samples = engine.measure(starts, warmup=not smoke, model=folder, real=True)
-    rows = _start_rows(samples, starts)
+    rows = engine.start_rows(samples, starts, bench="real", label=f"{LABEL} ")
     rows += _resize_rows(_resize(1 if smoke else 4), mm(samples["stock"]["llm_s"])[1])
     with tempfile.TemporaryDirectory(prefix="initpipe_real_bench_") as tmp:
         got = refit.measure(Path("smollm2"), Path(tmp), 64 << 20, 1 if smoke else 4, 1)
