@@ -3,7 +3,9 @@
 Usage: ``python -m benchmarks [--smoke] [--only NAME ...] [--out DIR]``. Every figure is
 measured side by side in this one run (ratios, min/median over repeats); nothing here is a
 pass/fail test. ``--smoke`` runs each at a tiny size (CI does this) and writes nothing
-unless ``--out`` is given.
+unless ``--out`` is given. ``--only`` replaces those benchmarks' rows in the report already
+there and keeps the others, each with the date of the run that measured it
+(:func:`merged`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -69,27 +72,63 @@ def run_all(names: list[str], smoke: bool) -> tuple[list[Row], dict[str, str]]:
     return rows, errors
 
 
-def markdown(rows: list[Row], errors: dict[str, str], info: dict) -> str:
-    """Render the report."""
+def merged(
+    previous: dict[str, Any] | None,
+    names: list[str],
+    rows: list[Row],
+    errors: dict[str, str],
+    info: dict[str, Any],
+) -> dict[str, Any]:
+    """The report's data after a run of ``names``: their rows and errors replace those
+    benchmarks' in ``previous`` (the report already written; None: none), the other
+    benchmarks keep theirs, and ``runs`` says which run measured each benchmark."""
+    data: dict[str, Any] = {"machine": info, "rows": [], "errors": {}, "runs": {}}
+    if previous is not None:
+        before = previous.get("runs") or {r["bench"]: previous["machine"] for r in previous["rows"]}
+        data["rows"] = [r for r in previous["rows"] if r["bench"] not in names]
+        data["errors"] = {k: v for k, v in previous.get("errors", {}).items() if k not in names}
+        data["runs"] = {k: v for k, v in before.items() if k not in names}
+    data["rows"] += [attrs.asdict(r) for r in rows]
+    data["errors"].update(errors)
+    data["runs"].update({r.bench: info for r in rows})
+    order = {name: i for i, name in enumerate(BENCHES)}
+    data["rows"].sort(key=lambda r: order.get(r["bench"], len(order)))  # stable: in-bench order
+    return data
+
+
+def markdown(data: dict[str, Any]) -> str:
+    """Render the report (:func:`merged`'s data)."""
+    info = data["machine"]
+    dates = {bench: run["date"] for bench, run in data.get("runs", {}).items()}
+    if len(set(dates.values())) > 1:
+        by_date: dict[str, list[str]] = {}
+        for bench, date in dates.items():
+            by_date.setdefault(date, []).append(bench)
+        when = "; ".join(f"{', '.join(b)} {d}" for d, b in sorted(by_date.items()))
+        runs = f"benchmarks run at different times (`--only`): {when}"
+    else:
+        runs = f"run {info['date']}"
     lines = [
         "# Benchmarks",
         "",
         f"Machine: {info['platform']}, Python {info['python']}, {info['cpus']} CPUs "
-        f"({info['processor']}); run {info['date']}. Regenerate with `make bench`.",
+        f"({info['processor']}); {runs}. Regenerate with `make bench`.",
         "",
-        "Every figure was measured side by side in one run; ratios compare runs "
-        "alternated in the same process or back-to-back processes.",
+        "Every figure of a benchmark was measured side by side in one run; ratios compare "
+        "runs alternated in the same process or back-to-back processes.",
         "",
         "| bench | figure | value | target | met | detail |",
         "|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        met = {True: "yes", False: "**no**", None: ""}[r.met]
+    for r in data["rows"]:
+        met = {True: "yes", False: "**no**", None: ""}[r["met"]]
+        value = f"{r['value']:g} {r['unit']}"
         lines.append(
-            f"| {r.bench} | {r.name} | {r.value:g} {r.unit} | {r.target} | {met} | {r.detail} |"
+            f"| {r['bench']} | {r['name']} | {value} | {r['target']} | {met} | {r['detail']} |"
         )
+    errors = data["errors"]
     if errors:
-        lines += ["", "Not measured in this run:", ""]
+        lines += ["", "Not measured:", ""]
         lines += [f"- {k}: {v}" for k, v in errors.items()]
     return "\n".join(lines) + "\n"
 
@@ -113,13 +152,16 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "smoke": args.smoke,
     }
-    report = markdown(rows, errors, info)
-    print(report)
     out = args.out if args.out is not None else (None if args.smoke else ROOT)
+    previous = None
+    if out is not None and args.only and (out / "benchmarks.json").exists():
+        previous = json.loads((out / "benchmarks.json").read_text())
+    data = merged(previous, names, rows, errors, info)
+    report = markdown(data)
+    print(report)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "BENCHMARKS.md").write_text(report)
-        data = {"machine": info, "rows": [attrs.asdict(r) for r in rows], "errors": errors}
         (out / "benchmarks.json").write_text(json.dumps(data, indent=1))
     return 1 if any(v.startswith("failed") for v in errors.values()) else 0
 

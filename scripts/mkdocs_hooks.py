@@ -101,21 +101,24 @@ BENCH = "<!-- benchmarks-json -->"
 
 
 def benchmarks_table(root: Path) -> str:
-    """Every row of ``benchmarks.json`` (the last full ``make bench``), as a table."""
+    """Every row of ``benchmarks.json`` (the last ``make bench``, with the benchmarks run
+    since by ``--only``), as a table with the date of the run behind each benchmark."""
     data = json.loads((root / "benchmarks.json").read_text())
     m = data.get("machine", {})
+    runs = data.get("runs", {})
     out = [
-        f"From `benchmarks.json` ({m.get('date', '?')}, {m.get('cpus', '?')} CPUs, Python "
-        f"{m.get('python', '?')}):",
+        f"From `benchmarks.json` ({m.get('cpus', '?')} CPUs, Python {m.get('python', '?')}; "
+        "each benchmark's rows from one run, dated in the first column):",
         "",
         "| benchmark | figure | value | target | detail |",
         "|---|---|---|---|---|",
     ]
     for r in data["rows"]:
+        date = runs.get(r["bench"], m).get("date", "?")
         met = "" if r.get("met") is None else (" (met)" if r["met"] else " (missed)")
         target = (r.get("target") or "reported") + met
         value = f"{r['value']:.4g} {r['unit']}"
-        cells = [r["bench"], r["name"], value, target, r.get("detail", "")]
+        cells = [f"{r['bench']} ({date})", r["name"], value, target, r.get("detail", "")]
         out.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     return "\n".join(out)
 
