@@ -10,10 +10,10 @@ instrument), one phase span of initpipe's own (``initpipe <phase> phase``) holds
 parented like vLLM's own spans from the ``traceparent`` in the environment.
 
 Span: name the stage's (``"<stage> (teardown)"`` for a teardown), the stage's own start and
-end (the trace's ``perf_counter`` times on the wall clock), attributes ``initpipe.phase``,
-``initpipe.stage``, ``initpipe.kind`` (stage/teardown), ``initpipe.rank``,
-``initpipe.generation``, ``initpipe.outcome``; a failed stage has status ERROR and an
-``exception`` event (type, message). Instrumentation scope: ``initpipe``.
+end (the trace's ``perf_counter`` times on the wall clock as it reads at :func:`emit`),
+attributes ``initpipe.phase``, ``initpipe.stage``, ``initpipe.kind`` (stage/teardown),
+``initpipe.rank``, ``initpipe.generation``, ``initpipe.outcome``; a failed stage has status
+ERROR and an ``exception`` event (type, message). Instrumentation scope: ``initpipe``.
 
 "Tracing on" means an SDK ``TracerProvider`` is installed in the process (vLLM installs one
 when ``otlp_traces_endpoint`` is set; ``@instrument`` alone wraps functions whenever
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import weakref
 from typing import Any
 
@@ -84,10 +85,14 @@ def emit(trace: Any, phase: str, rank: int | None = None, provider: Any = None) 
     tracer = otel.get_tracer(SCOPE, tracer_provider=provider)
     if hasattr(tracer, "id_generator"):  # the SDK's Tracer
         tracer.id_generator = _os_random_ids()
-    t = trace
+    # perf_counter onto the wall clock as it reads now, just after the phase, like the
+    # wall-clock start vLLM's spans read: not the trace's creation-time origin, which a
+    # step of the wall clock since then (NTP, a VM's clock sync) would leave milliseconds
+    # off the spans around them (seen: a stage 5 ms before its parent span began).
+    offset = time.time() - time.perf_counter()
 
     def ns(perf: float) -> int:
-        return int((t.wall_origin + (perf - t.origin)) * 1e9)
+        return int((perf + offset) * 1e9)
 
     base: dict[str, Any] = {"initpipe.rank": rank if rank is not None else 0}
     ctx = None

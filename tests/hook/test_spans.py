@@ -126,3 +126,20 @@ def test_with_tracing_off_nothing_is_emitted() -> None:
     run.load(width=1)
     assert not spans.tracing_on()
     assert spans.emit(run.trace, MODEL) == 0
+
+
+def test_spans_sit_on_the_wall_clock_as_it_reads_after_the_phase(provider: Any) -> None:
+    """A step of the wall clock between the trace's start and the phase (NTP, a VM's
+    clock sync) does not move the stage spans off the spans around them, which read the
+    wall clock as they start."""
+    import time
+
+    tp, exporter = provider
+    run = _run(shape, blocks)
+    run.trace.wall_origin -= 5.0  # the wall clock as if it stepped 5 s since the trace began
+    before = time.time_ns()
+    run.load(width=3)
+    spans.emit(run.trace, MODEL, None, tp)
+    after = time.time_ns()
+    (stage_span,) = [s for s in exporter.get_finished_spans() if s.name == "shape"]
+    assert before - 1_000_000 <= stage_span.start_time <= stage_span.end_time <= after + 1_000_000
