@@ -8,9 +8,10 @@ tokens, logprobs (or pooled outputs) and :func:`~initpipe_vllm.snapshot.runner_s
 exactly at each step. Replaces nothing in vLLM; it checks the catalog against
 ``GPUModelRunner.initialize_kv_cache`` (``vllm/v1/worker/gpu_model_runner.py``).
 
-Weights: each model folder gets seeded real weights
+Weights: a model folder with its own checkpoint (``*.safetensors``: :func:`has_own_weights`)
+is loaded from it, in its config's dtype; any other folder gets seeded real weights
 (:func:`~initpipe_vllm.testing.weights.seeded_model`, in ``--weights-dir`` or a temporary
-folder removed afterwards) and is loaded by vLLM's normal loader. ``--dummy-weights`` keeps
+folder removed afterwards), loaded by vLLM's normal loader. ``--dummy-weights`` keeps
 vLLM's ``load_format="dummy"``, whose ±1e-3 weights make attention uniform: outputs then do
 not depend on the KV cache, and a wrong KV layout goes unnoticed.
 
@@ -117,6 +118,12 @@ def workload_engine_kwargs(
         kwargs["max_num_batched_tokens"] = PREFILL_STEP
     kwargs.update(overrides)
     return kwargs, opts
+
+
+def has_own_weights(model_dir: str | os.PathLike[str]) -> bool:
+    """Whether ``model_dir`` holds a checkpoint of its own (``*.safetensors``), which the
+    comparison then loads (``weights="real"``) instead of seeded weights."""
+    return any(Path(model_dir).glob("*.safetensors"))
 
 
 @contextlib.contextmanager
@@ -527,11 +534,12 @@ def compare_model(
     """Run stock then pipelined on ``model_dir``; return ``{"equal", "diffs", ...}``.
 
     Args:
-        model_dir: A tiny model folder.
+        model_dir: A model folder (``config.json``; its own ``*.safetensors`` with
+            ``weights="real"``).
         reinit: Also re-initialize the KV cache and run a second workload.
         model_runner: ``"v1"`` or ``"v2"``: the runner both engines must have run (a
             difference is reported otherwise); None: whichever vLLM chose.
-        weights: ``"seeded"`` or ``"dummy"`` (see :func:`loadable_model`).
+        weights: ``"seeded"``, ``"dummy"`` or ``"real"`` (see :func:`loadable_model`).
         weights_dir: Cache folder for seeded weights (``None``: a temporary one).
         **overrides: Engine arguments for both engines.
 
@@ -666,7 +674,8 @@ def main(argv: list[str] | None = None) -> int:
         "--model",
         action="append",
         required=True,
-        help="a local model folder (config.json); repeatable",
+        help="a local model folder (config.json); repeatable. Its own *.safetensors "
+        "weights are loaded where it has them, else seeded ones",
     )
     parser.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     parser.add_argument(
@@ -724,15 +733,17 @@ def main(argv: list[str] | None = None) -> int:
         from ..hook.parallel import default_cpu_thread_binding
 
         default_cpu_thread_binding(args.tensor_parallel_size * args.pipeline_parallel_size)
-    weights = "dummy" if args.dummy_weights else "seeded"
     reports = []
     with contextlib.ExitStack() as stack:
         weights_dir = args.weights_dir
-        if weights_dir is None and weights == "seeded":  # one folder for all --model
+        if weights_dir is None and not args.dummy_weights:  # one folder for all --model
             weights_dir = stack.enter_context(
                 tempfile.TemporaryDirectory(prefix="initpipe_weights_")
             )
         for model in args.model:
+            weights = (
+                "dummy" if args.dummy_weights else "real" if has_own_weights(model) else "seeded"
+            )
             try:
                 rep = compare_model(
                     model,

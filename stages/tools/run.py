@@ -475,7 +475,9 @@ def _resolve_model(value: str, cache_dir: Path | None) -> tuple[Path, bool]:
         names = ", ".join(MODEL_NAMES)
         msg = f"{value}: no config.json in that folder (or name one of: {names})"
         raise ModelChoiceError(msg, usage=True)
-    return folder, any(folder.glob("*.safetensors"))
+    from ..testing.equivalence import has_own_weights
+
+    return folder, has_own_weights(folder)
 
 
 def _progress(line: str) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 from requires import installed
+from waiting import run_watched
 
 from initpipe_vllm import real_model
 from initpipe_vllm.real_model import MANIFEST, PIP_INSTALL, RealModelError, smollm2, verify
@@ -195,6 +196,29 @@ def test_initpipe_run_answers_in_words_and_equals_stock_vllm_on_the_real_model(
     assert "  ... 28 more layers of that shape, dtype and size" in out
     assert "total (distinct)  64,880,640 B in 30 layers" in out
     assert [line for line in out.splitlines() if " WARNING " in line] == []
+
+
+def test_model_runner_v2_on_the_real_weights_equals_stock_mrv2(
+    folder: Path, tmp_path: Path
+) -> None:
+    """The equivalence harness on the real checkpoint (it loads a folder's own weights) with
+    Model Runner V2 (on this CPU, Triton's interpreter): the stock and the pipelined MRv2
+    engines give the same tokens and logprobs and hold the same runner state, through the
+    KV phase's re-runs, and the repeated prefix hits the cache in both."""
+    out = tmp_path / "report.json"
+    cmd = [sys.executable, "-m", "initpipe_vllm.testing.equivalence", "--json", str(out)]
+    cmd += ["--model", str(folder), "--model-runner", "v2"]
+    proc = run_watched(cmd, env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    (rep,) = json.loads(out.read_text())
+    assert "error" not in rep, rep.get("error")
+    assert (rep["weights"], rep["model_runner"]) == ("real", "v2")
+    assert rep["diffs"] == [] and rep["problems"] == [] and rep["equal"]
+    meta = rep["meta"]
+    assert meta["stock"]["runner_classes"] == ["CPUModelRunner"]
+    assert meta["pipelined"]["runner_classes"] == ["PipelinedCPUModelRunnerV2"]
+    assert all(n > 0 for n in rep["prefix_caching"]["num_cached_tokens"])
+    assert proc.returncode == 0 and f"{folder}: EQUAL" in proc.stdout
 
 
 # -- a warm resize keeps the cached chat prefixes ---------------------------------------------
