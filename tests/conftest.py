@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from release_tier import V1_ONLY, names, proofs
+from release_tier import EVERY_MRV2, V1_ONLY, mrv2_tier_only, names, proofs, skips_mrv2_tier_only
 
 from initpipe_vllm.compat import v1_runner_installed
 
@@ -82,12 +82,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     kept)."""
     has_v1 = v1_runner_installed()
     tier = proofs(has_v1)
+    skip_slow_mrv2 = has_v1 and skips_mrv2_tier_only()
     for item in items:
-        if any(names(item.nodeid, p) for p in tier):
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        slow_mrv2 = mrv2_tier_only(item.nodeid, params)
+        if any(names(item.nodeid, p) for p in tier) or (slow_mrv2 and not has_v1):
             item.add_marker(pytest.mark.proof)
         if not has_v1 and _runs_v1(item):
             item.add_marker(
                 pytest.mark.skip(reason="this vLLM has no Model Runner V1 (0.34.0 removed it)")
+            )
+        if slow_mrv2 and skip_slow_mrv2:
+            item.add_marker(
+                pytest.mark.skip(
+                    reason="Model Runner V2's slow proofs run on the 0.34.0 tier (make "
+                    f"test-release; release_tier.MRV2_TIER_ONLY); {EVERY_MRV2}=1 runs them here"
+                )
             )
     rank = {module: i for i, module in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))

@@ -7,7 +7,21 @@ are for tests, never the product path."""
 
 from __future__ import annotations
 
-__all__ = ["MRV2_ONLY_PROOFS", "RELEASE_PROOFS", "V1_ONLY", "names", "proofs"]
+import os
+from typing import Any
+
+__all__ = [
+    "EVERY_MRV2",
+    "MRV2_ONLY_PROOFS",
+    "MRV2_TIER_ONLY",
+    "MRV2_TIER_ONLY_MODULES",
+    "RELEASE_PROOFS",
+    "V1_ONLY",
+    "mrv2_tier_only",
+    "names",
+    "proofs",
+    "skips_mrv2_tier_only",
+]
 
 #: The release tier: the proofs that every vLLM release initpipe supports passes against its
 #: own stock vLLM, marked ``proof``. ``make test`` runs the whole suite on vLLM 0.32.0, then
@@ -155,8 +169,53 @@ MRV2_ONLY_PROOFS = (
 )
 
 
+#: Model Runner V2's slowest tests (minutes each through Triton's interpreter) run where
+#: MRv2 is the only runner: on 0.34.0's tier, the release users install, they are proofs
+#: (:func:`proofs`); a release with both runners (0.32.0's whole suite, 0.33.0's tier)
+#: skips them: MRv2 with the engine core and TP=2 workers in their own processes, its HTTP
+#: servers, the harness on the embedded models beyond those the plan and the 0.33.0 tier
+#: read, and the real model. ``INITPIPE_EVERY_MRV2=1`` runs them there too.
+MRV2_TIER_ONLY = (
+    "tests/vllm/test_mrv2.py::test_mrv2_with_the_engine_core_and_two_workers_in_their_own_processes",
+    *(
+        f"tests/vllm/test_mrv2.py::test_stock_and_pipelined_mrv2_engines_are_identical[{model}]"
+        for model in (
+            "tiny-bert",
+            "tiny-gemma4-fastprefill",
+            "tiny-llama-connector",
+            "tiny-deepseek-mla",
+            "tiny-lfm2",
+            "tiny-gpt-oss",
+        )
+    ),
+    "tests/vllm/test_real_model.py::test_model_runner_v2_on_the_real_weights_equals_stock_mrv2",
+)
+#: Modules whose every ``"v2"``-parametrized test is :data:`MRV2_TIER_ONLY` (several
+#: processes or servers per engine).
+MRV2_TIER_ONLY_MODULES = ("tests/vllm/test_serve.py", "tests/vllm/test_resize_parallel.py")
+#: The environment variable that runs :data:`MRV2_TIER_ONLY` on every release.
+EVERY_MRV2 = "INITPIPE_EVERY_MRV2"
+
+
+def mrv2_tier_only(nodeid: str, params: dict[str, Any]) -> bool:
+    """Whether the test ``nodeid`` (with its parameters) is :data:`MRV2_TIER_ONLY`."""
+    if any(names(nodeid, p) for p in MRV2_TIER_ONLY):
+        return True
+    module = nodeid.split("::", 1)[0]
+    return module in MRV2_TIER_ONLY_MODULES and any(
+        v == "v2" or (isinstance(v, tuple) and "v2" in v) for v in params.values()
+    )
+
+
+def skips_mrv2_tier_only() -> bool:
+    """Whether a release with both runners skips :data:`MRV2_TIER_ONLY` (unless
+    ``INITPIPE_EVERY_MRV2=1``)."""
+    return os.environ.get(EVERY_MRV2) != "1"
+
+
 def proofs(has_v1: bool) -> tuple[str, ...]:
-    """The release tier of a release with (``has_v1``) or without Model Runner V1."""
+    """The release tier of a release with (``has_v1``) or without Model Runner V1, beside
+    :data:`MRV2_TIER_ONLY` (a proof where there is no v1: :func:`mrv2_tier_only`)."""
     return RELEASE_PROOFS if has_v1 else (*RELEASE_PROOFS, *MRV2_ONLY_PROOFS)
 
 

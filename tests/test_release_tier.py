@@ -53,3 +53,23 @@ def test_an_entry_names_its_test_its_parameters_and_nothing_else() -> None:
         "tests/vllm/test_x.py::test_y[kv",
     ):
         assert not names(node, other), other
+
+
+def test_every_mrv2_tier_only_entry_names_a_collected_test() -> None:
+    """What a release with both runners skips and the MRv2-only release proves
+    (``MRV2_TIER_ONLY``) names tests that exist: a renamed one cannot drop out silently."""
+    from release_tier import MRV2_TIER_ONLY, MRV2_TIER_ONLY_MODULES
+
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    collected = [line for line in res.stdout.splitlines() if "::" in line]
+    unmatched = [p for p in MRV2_TIER_ONLY if not any(names(n, p) for n in collected)]
+    assert unmatched == [], f"MRV2_TIER_ONLY entries that name no test: {unmatched}"
+    for module in MRV2_TIER_ONLY_MODULES:
+        assert any(n.startswith(module + "::") and "[v2" in n for n in collected), module

@@ -49,9 +49,17 @@ from initpipe.files import write_file
 
 from ..hook.adapter import which_runner
 
+#: KV cache sizes by default: a toy's 8 MiB; a model with its own weights 64 MiB (about
+#: 2,900 tokens of SmolLM2-135M's 30 layers in bfloat16; 8 MiB would not hold one
+#: ``MAX_MODEL_LEN`` request).
+TOY_KV_BYTES = 8 << 20
+REAL_KV_BYTES = 64 << 20
+
 __all__ = [
     "MAX_MODEL_LEN",
     "PREFILL_STEP",
+    "REAL_KV_BYTES",
+    "TOY_KV_BYTES",
     "compare_model",
     "engine_kwargs",
     "loadable_model",
@@ -97,7 +105,7 @@ def engine_kwargs(
         "max_model_len": 256,
         "max_num_seqs": 4,
         "seed": 0,
-        "kv_cache_memory_bytes": 8 << 20,
+        "kv_cache_memory_bytes": TOY_KV_BYTES,
     }
     kwargs.update(opts.get("llm_kwargs", {}))
     kwargs.update(overrides)
@@ -714,13 +722,20 @@ def main(argv: list[str] | None = None) -> int:
         "CPU target through Triton's interpreter: initpipe_vllm.testing.triton_cpu)",
     )
     parser.add_argument(
+        "--kv-bytes",
+        type=int,
+        metavar="B",
+        help="KV cache size in bytes of both engines (default: 64 MiB for a folder with its "
+        "own weights, else 8 MiB or the folder's initpipe.json)",
+    )
+    parser.add_argument(
         "--dummy-weights",
         action="store_true",
         help="use vLLM's dummy weights (outputs then do not depend on the KV cache)",
     )
     args = parser.parse_args(argv)
-    for flag in ("tensor_parallel_size", "pipeline_parallel_size"):
-        if getattr(args, flag) < 1:
+    for flag in ("tensor_parallel_size", "pipeline_parallel_size", "kv_bytes"):
+        if (getattr(args, flag) or 1) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be 1 or more")
     parallel = parallel_engine_kwargs(args.tensor_parallel_size, args.pipeline_parallel_size)
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -744,6 +759,8 @@ def main(argv: list[str] | None = None) -> int:
             weights = (
                 "dummy" if args.dummy_weights else "real" if has_own_weights(model) else "seeded"
             )
+            kv_bytes = args.kv_bytes or (REAL_KV_BYTES if weights == "real" else None)
+            sized = {} if kv_bytes is None else {"kv_cache_memory_bytes": kv_bytes}
             try:
                 rep = compare_model(
                     model,
@@ -752,6 +769,7 @@ def main(argv: list[str] | None = None) -> int:
                     weights_dir=weights_dir,
                     model_runner=args.model_runner,
                     **parallel,
+                    **sized,
                 )
             except Exception as err:  # report and go on with the next model
                 # the error itself, not the wrapper that carries what was taken before it

@@ -44,6 +44,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..testing.equivalence import REAL_KV_BYTES, TOY_KV_BYTES
 from ._cli import add_model_runner
 from .quiet import NOISE, quiet
 
@@ -53,10 +54,6 @@ __all__ = ["DEFAULT_MODEL", "NotStockError", "build_parser", "main"]
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "tiny-llama"
 #: The models ``--model`` knows by name; the first is the default.
 MODEL_NAMES = ("smollm2", "tiny-llama")
-#: KV cache sizes by default: the toy's 8 MiB; the real model's 64 MiB (about 2,900
-#: tokens of SmolLM2-135M's 30 layers in bfloat16).
-TOY_KV_BYTES = 8 << 20
-REAL_KV_BYTES = 64 << 20
 #: The chat turn ``initpipe run`` asks a model with a chat template.
 CHAT_QUESTION = "What is the capital of France?"
 
