@@ -42,7 +42,11 @@ RELEASE_PROOFS = (
     "tests/vllm/test_engine_equivalence.py::test_the_workload_spans_blocks_and_hits_the_prefix_cache",
     "tests/vllm/test_engine_equivalence.py::test_the_architectures_cover_what_they_claim",
     *(
-        f"tests/vllm/test_mrv2.py::test_stock_and_pipelined_mrv2_engines_are_identical[{model}]"
+        f"tests/vllm/test_mrv2.py::{test}[{model}]"
+        for test in (
+            "test_stock_and_pipelined_mrv2_engines_are_identical",
+            "test_the_teardown_leaves_what_stocks_teardown_leaves",
+        )
         for model in ("tiny-gemma2", "tiny-nemotron-h")
     ),
     # the runner state vs stock's, and the v1 variant's draft mark
@@ -178,7 +182,11 @@ MRV2_ONLY_PROOFS = (
 MRV2_TIER_ONLY = (
     "tests/vllm/test_mrv2.py::test_mrv2_with_the_engine_core_and_two_workers_in_their_own_processes",
     *(
-        f"tests/vllm/test_mrv2.py::test_stock_and_pipelined_mrv2_engines_are_identical[{model}]"
+        f"tests/vllm/test_mrv2.py::{test}[{model}]"
+        for test in (
+            "test_stock_and_pipelined_mrv2_engines_are_identical",
+            "test_the_teardown_leaves_what_stocks_teardown_leaves",
+        )
         for model in (
             "tiny-bert",
             "tiny-gemma4-fastprefill",

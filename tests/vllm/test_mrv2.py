@@ -102,17 +102,15 @@ def test_stock_and_pipelined_mrv2_engines_are_identical(reports, model) -> None:
         assert all(n > 0 for n in cached)
 
 
-def test_the_teardown_leaves_what_stocks_teardown_leaves(reports) -> None:
+@pytest.mark.parametrize("model", EQUAL)
+def test_the_teardown_leaves_what_stocks_teardown_leaves(reports, model) -> None:
     """After the profiling teardown: no KV cache config, no attention groups, no bound
     views, no CUDA-graph manager, as stock's ``_teardown_profiling_state`` leaves it."""
-    ran = [m for m in EQUAL if m in reports]  # a release with v1 too runs some (release_tier)
-    assert "tiny-nemotron-h" in ran  # Mamba-like layers' state lists among them
-    for model in ran:
-        cleaned = reports[model]["pipelined"]["cleaned"]
-        assert cleaned["kv_cache_config"] is None and cleaned["attn_groups"] == []
-        assert cleaned["runner_kv_caches"] == []
-        assert cleaned["cudagraphs"]["manager"] == {"class": None}
-        assert all(_unbound(v["kv_cache"]) for v in cleaned["layers"].values()), model
+    cleaned = reports[model]["pipelined"]["cleaned"]
+    assert cleaned["kv_cache_config"] is None and cleaned["attn_groups"] == []
+    assert cleaned["runner_kv_caches"] == []
+    assert cleaned["cudagraphs"]["manager"] == {"class": None}
+    assert all(_unbound(v["kv_cache"]) for v in cleaned["layers"].values()), model
 
 
 def _unbound(view) -> bool:
