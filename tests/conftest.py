@@ -23,7 +23,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from release_tier import EVERY_MRV2, V1_ONLY, mrv2_tier_only, names, proofs, skips_mrv2_tier_only
+from release_tier import (
+    EVERY_MRV2,
+    V1_ONLY,
+    mrv2_tier_only,
+    names,
+    parametrized_with,
+    proofs,
+    skips_mrv2_tier_only,
+)
 
 from initpipe_vllm.compat import v1_runner_installed
 
@@ -108,8 +116,7 @@ def _runs_v1(item: pytest.Item) -> bool:
     or one of the v1-only tests (:data:`release_tier.V1_ONLY`)."""
     if any(names(item.nodeid, p) for p in V1_ONLY):
         return True
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    return any(v == "v1" or (isinstance(v, tuple) and "v1" in v) for v in params.values())
+    return parametrized_with(getattr(getattr(item, "callspec", None), "params", {}), "v1")
 
 
 def shared_tmp(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:

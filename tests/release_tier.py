@@ -19,6 +19,7 @@ __all__ = [
     "V1_ONLY",
     "mrv2_tier_only",
     "names",
+    "parametrized_with",
     "proofs",
     "skips_mrv2_tier_only",
 ]
@@ -210,9 +211,13 @@ def mrv2_tier_only(nodeid: str, params: dict[str, Any]) -> bool:
     if any(names(nodeid, p) for p in MRV2_TIER_ONLY):
         return True
     module = nodeid.split("::", 1)[0]
-    return module in MRV2_TIER_ONLY_MODULES and any(
-        v == "v2" or (isinstance(v, tuple) and "v2" in v) for v in params.values()
-    )
+    return module in MRV2_TIER_ONLY_MODULES and parametrized_with(params, "v2")
+
+
+def parametrized_with(params: dict[str, Any], runner: str) -> bool:
+    """Whether a test's parameters name ``runner`` (``"v1"``/``"v2"``), alone or in a
+    tuple."""
+    return any(v == runner or (isinstance(v, tuple) and runner in v) for v in params.values())
 
 
 def skips_mrv2_tier_only() -> bool:
