@@ -2,12 +2,18 @@
 
 Put on ``PYTHONPATH`` only by ``triton_cpu.environ()``. At interpreter start, when
 ``TRITON_INTERPRET=1``, it adds the ``"cpu"`` entry to ``triton.backends.backends`` that
-vLLM's ``HAS_TRITON`` check wants, before anything imports vLLM. Otherwise it does nothing.
+vLLM's ``HAS_TRITON`` check wants, before anything imports vLLM. Then it runs the next
+``sitecustomize`` on ``sys.path`` (a system one, or the test suite's), which it would
+otherwise hide. Without ``TRITON_INTERPRET=1`` it does nothing.
 """
 
 import os
 
 if os.environ.get("TRITON_INTERPRET") == "1":
-    from initpipe_vllm.testing.triton_cpu import register_cpu_backend  # type: ignore[import-not-found]
+    from initpipe_vllm.testing.triton_cpu import (  # type: ignore[import-not-found]
+        register_cpu_backend,
+        run_next_sitecustomize,
+    )
 
     register_cpu_backend()
+    run_next_sitecustomize(__file__)
