@@ -158,11 +158,11 @@ def _writes_stay_in_pytest_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 @pytest.fixture(scope="session", autouse=True)
 def _subprocesses_freeze_gc_survivors() -> Iterator[None]:
-    """Every Python process a test starts runs ``tests/subprocess_site/sitecustomize.py`` (first on its
-    ``PYTHONPATH``): after each full garbage collection it freezes the survivors, so vLLM's
-    many explicit collections stop re-walking the 660,000 objects of its imports (a third of
-    a refit script's time). ``INITPIPE_TEST_GC_FREEZE=0`` turns it off. The pytest processes
-    themselves are left as they are."""
+    """Every Python process a test starts runs ``tests/subprocess_site/sitecustomize.py``
+    (first on its ``PYTHONPATH``): after each full garbage collection it freezes the
+    survivors, so vLLM's many explicit collections stop re-walking the 660,000 objects of its
+    imports (a third of a refit script's time). ``INITPIPE_TEST_GC_FREEZE=0`` turns it off.
+    The pytest processes themselves are left as they are."""
     if os.environ.get("INITPIPE_TEST_GC_FREEZE") == "0":
         yield
         return
