@@ -39,44 +39,46 @@ from initpipe_vllm.compat import v1_runner_installed
 #: The suite's ``sitecustomize`` for the processes its tests start (see the fixture below).
 SITE = Path(__file__).with_name("subprocess_site")
 
-#: Modules that start engines or servers, slowest first (seconds measured quiet on 2 cores,
-#: one worker; ``make test`` prints the slowest tests, by which to keep this list in step).
-#: It only orders: every test runs, and the unlisted modules follow in collection order.
+#: Modules that start engines or servers, slowest first (seconds of one worker, measured
+#: quiet on 2 cores with ``make test``'s two workers, issue 51; ``make test`` prints the
+#: slowest tests, by which to keep this list in step). It only orders, so that the longest
+#: modules do not start last: every test runs, and the unlisted modules follow in
+#: collection order.
 SLOW_FIRST = (
-    "tests/test_docs_outputs.py",  # 300 s (the docs' 14 examples that show their output)
-    "tests/vllm/test_mrv2.py",  # 390 s (Model Runner V2 on Triton's interpreter)
-    "tests/vllm/test_serve.py",  # 330 s (v1 and MRv2 servers)
-    "tests/vllm/test_engine_equivalence.py",  # 259 s
-    "tests/vllm/test_parallel.py",  # 200 s
-    "tests/hook/test_hook.py",  # 196 s
-    "tests/vllm/test_resize_parallel.py",  # 190 s (v1 and MRv2)
-    "tests/benchmarks/test_vllm_smoke.py",  # 170 s
-    "tests/vllm/test_runner.py",  # 158 s
-    "tests/vllm/test_refit.py",  # 140 s (v1 and MRv2, in-process)
-    "tests/vllm/test_refit_models.py",  # 230 s (tied Qwen3 v1/MRv2, LFM2, MLA, Gemma 2, ...)
-    "tests/vllm/test_refit_unreloadable.py",  # 40 s (GPT-OSS fails closed)
-    "tests/vllm/test_refit_tp2.py",  # 80 s (three TP=2 engines, each in its own processes)
-    "tests/vllm/test_refit_real.py",  # 90 s (SmolLM2-135M bf16, a training step)
-    "tests/vllm/test_rl_loop.py",  # 120 s (examples/rl_loop.py on SmolLM2: 2 steps, a restart)
-    "tests/vllm/test_real_model.py",  # 150 s (initpipe run --compare-stock; a warm resize)
-    "tests/vllm/test_resize.py",  # 120 s (v1 and MRv2)
-    "tests/vllm/test_resize_multiprocess.py",  # 106 s
-    "tests/startup/test_startup_engines.py",  # 130 s (five starts: in-process x2, TP=2, serve, v2)
-    "tests/vllm/test_serve_refit.py",  # 65 s (two servers)
-    "tests/vllm/test_resize_warm.py",  # 55 s (v1 and MRv2, in-process)
-    "tests/vllm/test_resize_warm_models.py",  # 50 s (eight models, v1 in-process)
-    "tests/vllm/test_kv_sensitivity.py",  # 93 s (six cache kinds, one MRv2 process)
-    "tests/vllm/test_stage_spans.py",  # 50 s (two traced engines)
-    "tests/vllm/test_mrv2_engineless.py",  # 80 s
-    "tests/vllm/test_equivalence_negative.py",  # 60 s (four tiny-llama engines, one process)
-    "tests/benchmarks/test_refit_smoke.py",  # 40 s
-    "tests/reliability/test_fault_injection.py",  # 60 s (tiny-llama and tiny-nemotron-h rigs)
-    "tests/vllm/test_kv_phase.py",  # 59 s
-    "tests/plugin/test_pytest_plugin.py",  # 52 s
-    "tests/hook/test_plugin.py",  # 46 s
-    "tests/vllm/test_model_phase.py",  # 36 s
-    "tests/vllm/test_forced_backends.py",  # 35 s
-    "tests/vllm_plan/test_vllm_plan.py",  # 27 s
+    "tests/vllm/test_refit_real.py",  # 205-308 s (SmolLM2-135M bf16, training steps)
+    "tests/test_docs_outputs.py",  # 231-260 s (the docs' examples that show their output)
+    "tests/vllm/test_refit_models.py",  # 256 s (tied Qwen3 v1/MRv2, LFM2, MLA, Gemma 2, ...)
+    "tests/vllm/test_rl_loop.py",  # 167-223 s (examples/rl_loop.py on SmolLM2: 2 steps)
+    "tests/vllm/test_engine_equivalence.py",  # 132-164 s
+    "tests/vllm/test_parallel.py",  # 141-161 s
+    "tests/hook/test_hook.py",  # 150 s
+    "tests/vllm/test_refit.py",  # 142 s (v1 and MRv2)
+    "tests/vllm/test_serve.py",  # 136 s (v1 and MRv2 servers)
+    "tests/vllm/test_resize_warm.py",  # 116 s (v1 and MRv2, in-process)
+    "tests/vllm/test_mrv2.py",  # 115 s (Model Runner V2 on Triton's interpreter)
+    "tests/benchmarks/test_vllm_smoke.py",  # 110 s
+    "tests/startup/test_startup_engines.py",  # 104 s (five starts: in-process x2, TP=2, serve, v2)
+    "tests/vllm/test_resize.py",  # 85 s (v1 and MRv2)
+    "tests/vllm/test_resize_warm_models.py",  # 76 s (eight models, v1 in-process)
+    "tests/vllm/test_refit_tp2.py",  # 76 s (three TP=2 engines, each in its own processes)
+    "tests/vllm/test_resize_multiprocess.py",  # 74 s
+    "tests/vllm/test_resize_parallel.py",  # 65 s (v1 and MRv2)
+    "tests/vllm/test_real_model.py",  # 62 s (initpipe run --compare-stock; a warm resize)
+    "tests/vllm/test_serve_refit.py",  # 61 s (two servers)
+    "tests/vllm/test_kv_sensitivity.py",  # 44 s (six cache kinds, one MRv2 process)
+    "tests/plugin/test_pytest_plugin.py",  # 34 s
+    "tests/hook/test_plugin.py",  # 28 s
+    "tests/vllm/test_refit_unreloadable.py",  # 23 s (GPT-OSS fails closed)
+    "tests/vllm/test_equivalence_negative.py",  # 21 s (four tiny-llama engines, one process)
+    "tests/vllm/test_stage_spans.py",  # 19 s (two traced engines)
+    "tests/benchmarks/test_refit_smoke.py",  # 17 s
+    "tests/vllm_plan/test_vllm_plan.py",  # 17 s
+    "tests/vllm/test_runner.py",  # 13 s
+    "tests/vllm/test_mrv2_engineless.py",  # 11 s
+    "tests/reliability/test_fault_injection.py",  # 5 s (tiny-llama and tiny-nemotron-h rigs)
+    "tests/vllm/test_kv_phase.py",  # 5 s
+    "tests/vllm/test_model_phase.py",  # 2 s
+    "tests/vllm/test_forced_backends.py",  # 2 s
 )
 
 
