@@ -8,7 +8,8 @@ product path calls.
 - :mod:`.snapshot` — ``runner_snapshot``: a runner's initialization state as plain data,
   and ``diff_snapshots``; :mod:`.snapshot_v2` — the same for Model Runner V2;
 - :mod:`.triton_cpu` — Model Runner V2 on a CPU through Triton's interpreter (a test
-  device: the ``sitecustomize.py`` in ``triton_cpu_site/``);
+  device: the ``sitecustomize.py`` in ``triton_cpu_site/``); :mod:`.site_chain` — such a
+  ``sitecustomize`` runs the one it would hide;
 - :mod:`.equivalence` — stock vs pipelined engines on one config: same tokens, logprobs and
   snapshots on a KV-sensitive workload (``python -m initpipe_vllm.testing.equivalence
   --model DIR``);

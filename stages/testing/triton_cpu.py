@@ -32,13 +32,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = [
-    "SITE_DIR",
-    "enable_in_process",
-    "environ",
-    "register_cpu_backend",
-    "run_next_sitecustomize",
-]
+__all__ = ["SITE_DIR", "enable_in_process", "environ", "register_cpu_backend"]
 
 #: The folder put first on ``PYTHONPATH``: it holds only ``sitecustomize.py``.
 SITE_DIR = Path(__file__).with_name("triton_cpu_site")
@@ -86,26 +80,6 @@ def register_cpu_backend() -> bool:
     if "cpu" not in backends.backends:
         backends.backends["cpu"] = backends.Backend(compiler=None, driver=_InterpreterDriver)  # type: ignore[arg-type]
     return True
-
-
-def run_next_sitecustomize(site_file: str) -> None:
-    """Run the ``sitecustomize`` that the one at ``site_file`` hides: the next on
-    ``sys.path`` after its folder (a system one, or the test suite's), so putting
-    :data:`SITE_DIR` first on ``PYTHONPATH`` adds to a process's start-up instead of replacing
-    it."""
-    import importlib.machinery
-    import importlib.util
-    import sys
-
-    here = os.path.dirname(os.path.abspath(site_file))
-    entries = [os.path.abspath(p or os.curdir) for p in sys.path]
-    after = entries[entries.index(here) + 1 :] if here in entries else entries
-    spec = importlib.machinery.PathFinder.find_spec(
-        "sitecustomize", [p for p in after if p != here]
-    )
-    if spec is not None and spec.loader is not None:
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
 
 
 def environ(base: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -10,9 +10,11 @@ otherwise hide. Without ``TRITON_INTERPRET=1`` it does nothing.
 import os
 
 if os.environ.get("TRITON_INTERPRET") == "1":
+    from initpipe_vllm.testing.site_chain import (  # type: ignore[import-not-found]
+        run_next_sitecustomize,
+    )
     from initpipe_vllm.testing.triton_cpu import (  # type: ignore[import-not-found]
         register_cpu_backend,
-        run_next_sitecustomize,
     )
 
     register_cpu_backend()
