@@ -121,6 +121,25 @@ def _spec(
     return spec, tensors
 
 
+def _with_reference(spec: dict[str, Any], reference: Any, engine: Any) -> None:
+    """The spec's probe with the ``reference``'s logprobs of its prompts, scored here
+    (:mod:`.reference`); a reference that cannot be used is refused before anything
+    changes."""
+    if reference is None:
+        return
+    from .reference import BadReference, probe_with_reference
+
+    config = getattr(engine, "vllm_config", None)
+    try:
+        found = probe_with_reference(Probe.from_dict(spec["probe"]), reference, config)
+    except BadReference as err:
+        raise _refused("arguments", f"reference: {err}") from None
+    bad = found.problems()
+    if bad:
+        raise _refused("arguments", "reference: " + "; ".join(bad))
+    spec["probe"] = found.to_dict()
+
+
 def _shares_process(core: Any) -> bool:
     return type(core.model_executor).__name__ == "UniProcExecutor"
 
@@ -135,6 +154,7 @@ def refit(
     expected_digest: str | Sequence[str] | None = None,
     probe: Probe | Mapping[str, Any] | bool | None = None,
     version: str | None = None,
+    reference: Any = None,
 ) -> RefitReceipt:
     """Load new weights into a running engine and rebuild everything that depends on them,
     as one transaction; return its receipt.
@@ -164,6 +184,12 @@ def refit(
             a dict of its fields, True (default prompts) or False (no probe).
         version: the weights version the engine reports afterwards (vLLM's
             ``weight_version``; default ``refit-N``).
+        reference: your own model of the new weights (a torch module of the engine's
+            architecture taking ``input_ids``, e.g. the transformers model you trained),
+            or its logprobs of ``probe``'s prompts: it scores the probe's prompts here,
+            and the engine's prompt logprobs on the new weights must agree position by
+            position (within the probe's ``reference_tolerance``, by default the
+            dtype's), or the refit fails closed naming the first that does not.
 
     Raises:
         RefitRefusedError: bad arguments, weights that do not match the checkpoint (a
@@ -175,6 +201,7 @@ def refit(
     options = (num_blocks, kv_cache_memory_bytes, mode, expected_digest, probe, version)
     spec, tensors = _spec(weights, *options)
     engine = engine_of(llm, _refused)
+    _with_reference(spec, reference, engine)
     core = inproc_core(engine)
     folder = None
     try:
@@ -210,6 +237,7 @@ async def refit_async(
     expected_digest: str | Sequence[str] | None = None,
     probe: Probe | Mapping[str, Any] | bool | None = None,
     version: str | None = None,
+    reference: Any = None,
 ) -> RefitReceipt:
     """:func:`refit` for an ``AsyncLLM`` (its engine core runs in its own process: tensors
     travel as a temporary safetensors folder). ``mode="wait"``: requests in flight finish,
@@ -218,6 +246,7 @@ async def refit_async(
     options = (num_blocks, kv_cache_memory_bytes, mode, expected_digest, probe, version)
     spec, tensors = _spec(weights, *options)
     engine = engine_of(llm, _refused)
+    _with_reference(spec, reference, engine)
     folder = _to_folder(tensors) if tensors is not None else None
     if folder is not None:
         spec["path"] = str(folder)

@@ -118,6 +118,13 @@ class RefitReceipt:
                 f"warm hits {list(p.cached_tokens)} tokens, max logprob diff "
                 f"{p.max_logprob_diff:.2g}" + (", as expected" if p.checked_expected else "")
             )
+            if p.reference_checked:
+                scored = sum(len(prompt) - 1 for prompt in p.prompts)
+                lines.append(
+                    f"  reference: {scored} prompt logprobs against your model's, max diff "
+                    f"{p.reference_max_diff:.2g}, mean {p.reference_mean_diff:.2g} (tolerance "
+                    f"{p.reference_tolerance[0]:g}, {p.reference_tolerance[1]:g} on average)"
+                )
         else:
             lines.append(f"  probe: {'; '.join(p.problems) or 'not run'}")
         return "\n".join(lines)
