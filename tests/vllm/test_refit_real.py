@@ -14,7 +14,11 @@ One subprocess (an in-process engine mutates its process):
   back to A, then ``refit(llm, model.state_dict().items())`` (the tied head's copy beside
   the embedding): each equal to fresh B, the default probe passing at bfloat16's tolerance;
 - the probe's other direction: with initpipe's repair and the load check switched off (a
-  stale head reaches the probe), a probe expecting fresh B's outputs fails the refit closed.
+  stale head reaches the probe), a probe expecting fresh B's outputs fails the refit closed;
+- the check against the trainer's own model (``reference=``), after a gentle step (lr 0.02,
+  as small as an RL step is next to the large one above) on a 131-token English text: it
+  passes on the correct weights and fails closed on each planted defect (the head left on
+  A's weights with initpipe's checks blinded, one layer's weight doubled on its way).
 
 Run as a script (``python test_refit_real.py OUT.json WEIGHTS_DIR``) it is that subprocess.
 """
@@ -98,8 +102,9 @@ def _cold_warm(llm: Any, prompts: list[list[int]]) -> list[dict[str, Any]]:
     return runs
 
 
-def _train_step(a: Path, b: Path) -> Any:
-    """One SGD step in transformers on fp32 master weights; B saved as a trainer saves it."""
+def _train_step(a: Path, b: Path | None, lr: float) -> Any:
+    """One SGD step in transformers on fp32 master weights; B saved as a trainer saves it
+    (``b=None``: not saved)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -110,10 +115,31 @@ def _train_step(a: Path, b: Path) -> Any:
     loss.backward()
     with torch.no_grad():
         for p in model.parameters():
-            p -= 0.5 * p.grad
+            p -= lr * p.grad
     model.zero_grad()
-    model.save_pretrained(b)
+    if b is not None:
+        model.save_pretrained(b)
     return model
+
+
+#: The step the refit proofs above take: large (its logprobs reach -143), so a stale head
+#: moves the probe's outputs past the expected-outputs tolerance.
+STEP_LR = 0.5
+#: The step of the check against the trainer's model: small, as an RL step is, and still a
+#: model that answers in words (the large one is degenerate: its bf16 engine and fp32
+#: trainer differ by about 7 nats on average, past any tolerance of bf16's arithmetic).
+GENTLE_LR = 0.02
+#: The prompt the check against the trainer scores: text, as a trainer's data is (random
+#: tokens carry more bfloat16 noise than the defects: reference.probe_with_reference).
+TEXT = (
+    "The quick brown fox jumps over the lazy dog. Paris is the capital of France, and Rome "
+    "is the capital of Italy. Water boils at one hundred degrees Celsius at sea level, and "
+    "it freezes at zero. The Earth goes around the Sun once a year, and the Moon goes "
+    "around the Earth about once a month. Most plants need light, water and air to grow. "
+    "A week has seven days, and a year has twelve months. Cats and dogs are the most common "
+    "pets in many countries. The Pacific is the largest ocean on Earth, and the Nile is one "
+    "of the longest rivers. Bread is made from flour, water, salt and yeast."
+)
 
 
 @contextlib.contextmanager
@@ -157,6 +183,50 @@ def _control(a: Path, b: Path, result: dict[str, Any]) -> None:
         result["control"] = {"outputs": _outputs(llm), "digests": _digests(llm)}
 
 
+#: The tensor the "doubled" defect scales on its way from the trainer to the engine.
+DOUBLED = "model.layers.15.mlp.down_proj.weight"
+
+
+def _failure(refit: Any) -> dict[str, Any]:
+    """How ``refit()`` failed (``{"error": None}``: it did not)."""
+    try:
+        refit()
+    except Exception as err:
+        return {
+            "error": {
+                "type": type(err).__name__,
+                "step": getattr(err, "step", None),
+                "message": str(err),
+            }
+        }
+    return {"error": None}
+
+
+def _against_the_trainer(ip: Any, llm: Any, a: Path, result: dict[str, Any]) -> None:
+    """The refit checked against the trainer's own model (``reference=``), after a gentle
+    step: it passes on the correct weights, and fails closed on each planted defect: a
+    head left on A's weights (initpipe's own checks blinded), one tensor doubled on its
+    way to the engine."""
+    from transformers import AutoTokenizer
+
+    gentle = _train_step(a, None, GENTLE_LR)
+    text = AutoTokenizer.from_pretrained(str(a))(TEXT)["input_ids"]
+    probe = {"prompts": [text]}
+    receipt = ip.refit(llm, gentle.named_parameters(), reference=gentle, probe=probe)
+    result["reference_ok"] = {"receipt": receipt.to_dict()}
+    ip.refit(llm, a, probe=False)
+    with _blind():
+        result["stale_head_reference"] = _failure(
+            lambda: ip.refit(llm, gentle.named_parameters(), reference=gentle, probe=probe)
+        )
+    ip.refit(llm, a, probe=False)
+    doubled = {k: v.detach().clone() for k, v in gentle.state_dict().items()}
+    doubled[DOUBLED] *= 2
+    result["doubled_reference"] = _failure(
+        lambda: ip.refit(llm, doubled, reference=gentle, probe=probe)
+    )
+
+
 def main(out: str, weights_dir: str) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     import tempfile
@@ -172,7 +242,7 @@ def main(out: str, weights_dir: str) -> None:
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="initpipe_refit_real_") as tmp:
         b = Path(tmp) / "step-1"
-        trainer = _train_step(a, b)
+        trainer = _train_step(a, b, STEP_LR)
         prompts = _fresh(b, result)
         _control(a, b, result)
         llm = LLM(**_kwargs(a, worker_cls=PIPELINED_WORKER))
@@ -194,18 +264,9 @@ def main(out: str, weights_dir: str) -> None:
             prompts=prompts, expected_tokens=fresh["tokens"], expected_logprobs=fresh["logprobs"]
         )
         with _blind():
-            try:
-                ip.refit(llm, b, probe=expecting_b)
-                result["stale_head"] = {"error": None}
-            except Exception as err:
-                result["stale_head"] = {
-                    "error": {
-                        "type": type(err).__name__,
-                        "step": getattr(err, "step", None),
-                        "message": str(err),
-                    }
-                }
+            result["stale_head"] = _failure(lambda: ip.refit(llm, b, probe=expecting_b))
         checkpoint("expecting_b", ip.refit(llm, b, probe=expecting_b))
+        _against_the_trainer(ip, llm, a, result)
         _core(llm).shutdown()
     Path(out).write_text(json.dumps(result))
 
@@ -264,6 +325,31 @@ def test_a_probe_expecting_the_fresh_outputs_fails_on_a_stale_head(result: Any) 
     assert err is not None, "a stale head passed the probe"
     assert err["type"] == "RefitError" and err["step"] == "probe", err
     assert "expected" in err["message"]
+
+
+def test_a_refit_checked_against_the_trainers_model_passes_and_says_so(result: Any) -> None:
+    """The trainer's own forward pass of the probe's prompt agrees with the refitted
+    engine's prompt logprobs within bfloat16's tolerance; the receipt records how close."""
+    from initpipe_vllm.live.refit.probe import reference_tolerance
+
+    probe = result["reference_ok"]["receipt"]["probe"]
+    assert probe["reference_checked"] and probe["ok"]
+    assert list(probe["reference_tolerance"]) == list(reference_tolerance("bfloat16"))
+    assert 0 < probe["reference_mean_diff"] <= probe["reference_max_diff"]
+    assert probe["reference_max_diff"] <= probe["reference_tolerance"][0]
+
+
+@pytest.mark.parametrize("defect", ["stale_head_reference", "doubled_reference"])
+def test_each_planted_defect_fails_the_refit_against_the_trainers_model(
+    result: Any, defect: str
+) -> None:
+    """A head left on the old weights (initpipe's own checks blinded) and one tensor doubled
+    on its way: the engine's prompt logprobs leave the trainer's, and the refit fails closed
+    at the probe, naming where."""
+    err = result[defect]["error"]
+    assert err is not None, f"{defect} passed the check against the trainer's model"
+    assert err["type"] == "RefitError" and err["step"] == "probe", err
+    assert "the engine does not serve the reference's weights" in err["message"]
 
 
 if __name__ == "__main__":

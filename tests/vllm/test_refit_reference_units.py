@@ -59,17 +59,36 @@ def test_each_token_after_the_first_is_scored_in_eval_mode_and_training_mode_com
     assert len(got) == 4 and max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-6
 
 
-def test_the_default_prompts_are_scored_when_the_caller_gives_none() -> None:
-    probe = probe_with_reference(Probe(), TinyLM(), _config(block=4))
-    assert probe.prompts is not None and [len(p) for p in probe.prompts] == [5]
+def test_the_weights_are_read_as_the_engine_holds_them_and_left_as_they_were() -> None:
+    """``dtype``: each parameter rounded to the engine's dtype while the pass runs (its
+    arithmetic stays float32), the trainer's own values back afterwards, exactly."""
+    model = TinyLM()
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    prompt = [3, 7, 7, 1, 9]
+    (plain,) = reference_logprobs(model, [prompt])
+    (held,) = reference_logprobs(model, [prompt], torch.bfloat16)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    rounded = TinyLM()
+    with torch.no_grad():
+        for p in rounded.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    (want,) = reference_logprobs(rounded, [prompt])
+    assert held == want and held != plain
+    assert reference_logprobs(model, [prompt], torch.float32) == (plain,)
+
+
+def test_the_given_prompts_are_scored_and_none_given_is_refused() -> None:
+    probe = probe_with_reference(Probe(prompts=[[1, 2, 3, 4, 5]]), TinyLM(), _config())
     assert probe.reference_logprobs is not None and len(probe.reference_logprobs[0]) == 4
     assert probe.problems() == []
+    with pytest.raises(BadReference, match=r"needs the prompts it scores: pass probe="):
+        probe_with_reference(Probe(), TinyLM(), _config())
 
 
 def test_a_reference_that_cannot_be_used_is_named() -> None:
     with pytest.raises(BadReference, match="needs the probe"):
         probe_with_reference(Probe(enabled=False), TinyLM(), _config())
-    with pytest.raises(BadReference, match="needs the prompts they score"):
+    with pytest.raises(BadReference, match="needs the prompts it scores"):
         probe_with_reference(Probe(), [[-1.0, -2.0]], _config())
     with pytest.raises(BadReference, match="expected a torch module"):
         probe_with_reference(Probe(prompts=[[1, 2, 3]]), object(), _config())
