@@ -116,6 +116,11 @@ DELEGATED: dict[str, tuple[str, str]] = {
         "what a vLLM worker would allocate for a model config, "
         "planned on the meta device (no GPU, no KV memory)",
     ),
+    "check-weights": (
+        "initpipe_vllm.tools.check_weights",
+        "whether a running vLLM server serves your model's weights: its prompt logprobs "
+        "of a text against your model folder's (exit 1 if not)",
+    ),
     "startup": (
         "initpipe_vllm.tools.startup",
         "where a whole vLLM start spends its time (run: start and report; report: read a "

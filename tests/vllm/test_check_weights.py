@@ -1,0 +1,131 @@
+"""``initpipe check-weights`` and ``check_server`` against a real stock vLLM server on the real
+model (SmolLM2-135M-Instruct, bf16): the server's prompt logprobs of an English text against
+a transformers model folder's.
+
+- the server's own weights as the reference: they agree (exit 0), within bfloat16's
+  tolerance, and the line says how close;
+- the weights after one small SGD step (lr 0.02, as ``test_refit_real.py`` takes; saved as a
+  trainer saves them): the server does not serve them (exit 1), the line names the position;
+- a server that cannot be reached, and logprobs given as the reference without a model.
+
+One stock server (the oracle is the plain OpenAI route: nothing of initpipe runs in it).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from requires import installed
+
+installed("gguf", "gguf comes with the dev extra")
+
+#: The text both sides score (131 tokens with SmolLM2's tokenizer).
+TEXT = (
+    "The quick brown fox jumps over the lazy dog. Paris is the capital of France, and Rome "
+    "is the capital of Italy. Water boils at one hundred degrees Celsius at sea level, and "
+    "it freezes at zero. The Earth goes around the Sun once a year, and the Moon goes "
+    "around the Earth about once a month. Most plants need light, water and air to grow. "
+    "A week has seven days, and a year has twelve months. Cats and dogs are the most common "
+    "pets in many countries. The Pacific is the largest ocean on Earth, and the Nile is one "
+    "of the longest rivers. Bread is made from flour, water, salt and yeast."
+)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from initpipe_vllm.real_model import smollm2
+
+    a = smollm2()  # INITPIPE_CACHE_DIR: the suite's shared conversion
+    stepped = tmp_path_factory.mktemp("check_weights") / "step-1"
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(str(a), dtype=torch.float32)
+    ids = torch.tensor([[1, 9690, 2683, 314, 253, 1429, 28, 9, 2, 1, 4093, 198, 504, 2683]])
+    model(input_ids=ids, labels=ids).loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.02 * p.grad
+    model.save_pretrained(stepped)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (stepped / name).write_bytes((a / name).read_bytes())
+    return {"a": a, "stepped": stepped}
+
+
+@pytest.fixture(scope="module")
+def url(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from initpipe_vllm.testing.server import ServerSpec, running_servers
+    from initpipe_vllm.testing.stock import OPT_IN_VARS
+
+    engine = {
+        "model": str(folders["a"]),
+        "dtype": "bfloat16",
+        "enforce_eager": True,
+        "max_model_len": 512,
+        "kv_cache_memory_bytes": 64 << 20,
+        "gpu_memory_utilization": 0.2,
+        "served_model_name": "smollm2",
+    }
+    stock = dict.fromkeys(OPT_IN_VARS)  # a plain stock server
+    spec = ServerSpec("stock", engine, (), stock)
+    with running_servers([spec], tmp_path_factory.mktemp("check_weights_server")) as running:
+        yield running["stock"].url
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "initpipe.cli", "check-weights", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"},
+    )
+
+
+def test_the_servers_own_weights_agree(url: str, folders: dict[str, Path]) -> None:
+    res = _cli(url, "--reference", str(folders["a"]), "--text", TEXT)
+    print(res.stdout)  # the docs' example output (-s)
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+    assert res.stdout.startswith(f"OK: {url}: 130 prompt logprobs against the reference's, ")
+    assert "(tolerance 1, 0.15 on average)" in res.stdout
+
+
+def test_weights_the_server_does_not_serve_are_named(url: str, folders: dict[str, Path]) -> None:
+    res = _cli(url, "--reference", str(folders["stepped"]), "--text", TEXT)
+    print(res.stdout)  # the docs' example output (-s)
+    assert res.returncode == 1, res.stdout + res.stderr[-3000:]
+    assert res.stdout.startswith(f"MISMATCH: {url}: prompt 0, position ")
+    assert " in the server, " in res.stdout and " in the reference: " in res.stdout
+    assert res.stdout.rstrip().endswith("the server does not serve the reference's weights")
+
+
+def test_the_python_api_takes_logprobs_and_says_how_close(
+    url: str, folders: dict[str, Path]
+) -> None:
+    from transformers import AutoTokenizer
+
+    from initpipe_vllm.live.refit.server_check import check_server, server_logprobs
+
+    prompt = AutoTokenizer.from_pretrained(str(folders["a"]))(TEXT)["input_ids"]
+    served = server_logprobs(url, [prompt])
+    assert len(served[0]) == len(prompt) - 1 and all(v <= 0 for v in served[0])
+    same: Any = check_server(url, served, [prompt])
+    assert same.ok and same.max_diff == 0.0 and same.positions == len(prompt) - 1
+    shifted = [[v - 0.2 for v in served[0]]]
+    off = check_server(url, shifted, [prompt])
+    assert not off.ok and "0.2 on average" in off.problem
+
+
+def test_a_server_that_cannot_be_asked_is_bad_input(folders: dict[str, Path]) -> None:
+    from initpipe_vllm.testing.server import free_port
+
+    res = _cli(f"http://127.0.0.1:{free_port()}", "--reference", str(folders["a"]), "--text", "x")
+    assert res.returncode == 2
+    assert "cannot read the served model's name" in res.stderr
