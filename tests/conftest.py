@@ -64,6 +64,7 @@ SLOW_FIRST = (
     "tests/vllm/test_resize_multiprocess.py",  # 74 s
     "tests/vllm/test_resize_parallel.py",  # 65 s (v1 and MRv2)
     "tests/vllm/test_real_model.py",  # 62 s (initpipe run --compare-stock; a warm resize)
+    "tests/vllm/test_check_weights.py",  # about 60 s? (a stock server on SmolLM2; unmeasured)
     "tests/vllm/test_serve_refit.py",  # 61 s (two servers)
     "tests/vllm/test_kv_sensitivity.py",  # 44 s (six cache kinds, one MRv2 process)
     "tests/plugin/test_pytest_plugin.py",  # 34 s

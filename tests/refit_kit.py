@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
+    "ENGLISH",
     "core",
     "default_prompts",
     "differing",
@@ -17,6 +18,20 @@ __all__ = [
     "stock_engine",
     "tensor_hashes",
 ]
+
+
+#: An English text the checks against a trainer's model score (131 tokens with SmolLM2's
+#: tokenizer: past one 128-token CPU block). Text, as a trainer's data is: random tokens
+#: carry more bfloat16 noise than the defects (initpipe_vllm.live.refit.reference).
+ENGLISH = (
+    "The quick brown fox jumps over the lazy dog. Paris is the capital of France, and Rome "
+    "is the capital of Italy. Water boils at one hundred degrees Celsius at sea level, and "
+    "it freezes at zero. The Earth goes around the Sun once a year, and the Moon goes "
+    "around the Earth about once a month. Most plants need light, water and air to grow. "
+    "A week has seven days, and a year has twelve months. Cats and dogs are the most common "
+    "pets in many countries. The Pacific is the largest ocean on Earth, and the Nile is one "
+    "of the longest rivers. Bread is made from flour, water, salt and yeast."
+)
 
 
 def core(llm: Any) -> Any:

@@ -21,20 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from refit_kit import ENGLISH
 from requires import installed
 
 installed("gguf", "gguf comes with the dev extra")
-
-#: The text both sides score (131 tokens with SmolLM2's tokenizer).
-TEXT = (
-    "The quick brown fox jumps over the lazy dog. Paris is the capital of France, and Rome "
-    "is the capital of Italy. Water boils at one hundred degrees Celsius at sea level, and "
-    "it freezes at zero. The Earth goes around the Sun once a year, and the Moon goes "
-    "around the Earth about once a month. Most plants need light, water and air to grow. "
-    "A week has seven days, and a year has twelve months. Cats and dogs are the most common "
-    "pets in many countries. The Pacific is the largest ocean on Earth, and the Nile is one "
-    "of the longest rivers. Bread is made from flour, water, salt and yeast."
-)
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +80,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_servers_own_weights_agree(url: str, folders: dict[str, Path]) -> None:
-    res = _cli(url, "--reference", str(folders["a"]), "--text", TEXT)
+    res = _cli(url, "--reference", str(folders["a"]), "--text", ENGLISH)
     print(res.stdout)  # the docs' example output (-s)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
     assert res.stdout.startswith(f"OK: {url}: 130 prompt logprobs against the reference's, ")
@@ -98,7 +88,7 @@ def test_the_servers_own_weights_agree(url: str, folders: dict[str, Path]) -> No
 
 
 def test_weights_the_server_does_not_serve_are_named(url: str, folders: dict[str, Path]) -> None:
-    res = _cli(url, "--reference", str(folders["stepped"]), "--text", TEXT)
+    res = _cli(url, "--reference", str(folders["stepped"]), "--text", ENGLISH)
     print(res.stdout)  # the docs' example output (-s)
     assert res.returncode == 1, res.stdout + res.stderr[-3000:]
     assert res.stdout.startswith(f"MISMATCH: {url}: prompt 0, position ")
@@ -113,7 +103,7 @@ def test_the_python_api_takes_logprobs_and_says_how_close(
 
     from initpipe_vllm.live.refit.server_check import check_server, server_logprobs
 
-    prompt = AutoTokenizer.from_pretrained(str(folders["a"]))(TEXT)["input_ids"]
+    prompt = AutoTokenizer.from_pretrained(str(folders["a"]))(ENGLISH)["input_ids"]
     served = server_logprobs(url, [prompt])
     assert len(served[0]) == len(prompt) - 1 and all(v <= 0 for v in served[0])
     same: Any = check_server(url, served, [prompt])

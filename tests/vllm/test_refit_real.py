@@ -35,6 +35,7 @@ from typing import Any
 
 import pytest
 from refit_kit import (
+    ENGLISH,
     core as _core,
     default_prompts,
     digests as _digests,
@@ -129,17 +130,6 @@ STEP_LR = 0.5
 #: model that answers in words (the large one is degenerate: its bf16 engine and fp32
 #: trainer differ by about 7 nats on average, past any tolerance of bf16's arithmetic).
 GENTLE_LR = 0.02
-#: The prompt the check against the trainer scores: text, as a trainer's data is (random
-#: tokens carry more bfloat16 noise than the defects: reference.probe_with_reference).
-TEXT = (
-    "The quick brown fox jumps over the lazy dog. Paris is the capital of France, and Rome "
-    "is the capital of Italy. Water boils at one hundred degrees Celsius at sea level, and "
-    "it freezes at zero. The Earth goes around the Sun once a year, and the Moon goes "
-    "around the Earth about once a month. Most plants need light, water and air to grow. "
-    "A week has seven days, and a year has twelve months. Cats and dogs are the most common "
-    "pets in many countries. The Pacific is the largest ocean on Earth, and the Nile is one "
-    "of the longest rivers. Bread is made from flour, water, salt and yeast."
-)
 
 
 @contextlib.contextmanager
@@ -210,7 +200,7 @@ def _against_the_trainer(ip: Any, llm: Any, a: Path, result: dict[str, Any]) -> 
     from transformers import AutoTokenizer
 
     gentle = _train_step(a, None, GENTLE_LR)
-    text = AutoTokenizer.from_pretrained(str(a))(TEXT)["input_ids"]
+    text = AutoTokenizer.from_pretrained(str(a))(ENGLISH)["input_ids"]
     probe = {"prompts": [text]}
     receipt = ip.refit(llm, gentle.named_parameters(), reference=gentle, probe=probe)
     result["reference_ok"] = {"receipt": receipt.to_dict()}
