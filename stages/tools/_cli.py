@@ -8,10 +8,12 @@ input of that command.
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Sequence
 
 from initpipe.errors import UsageError
 
-__all__ = ["Parser", "UsageError", "add_model_runner"]
+__all__ = ["Parser", "UsageError", "add_model_runner", "parse"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -40,3 +42,15 @@ def add_model_runner(parser: argparse.ArgumentParser) -> None:
         "exists, v1 on CPU), v1, or v2 (on a machine without a GPU through Triton's "
         "interpreter, a test device: slow)",
     )
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace | int:
+    """``parser``'s arguments, or the exit status a ``main`` returns instead: 2 after one
+    ``Error: ...`` line for a bad flag, 0 after ``--help``."""
+    try:
+        return parser.parse_args(argv)
+    except UsageError as err:
+        print(f"Error: {err}", file=sys.stderr)
+        return 2
+    except SystemExit as exit_:  # --help
+        return int(exit_.code or 0)

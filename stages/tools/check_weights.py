@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from ._cli import Parser, UsageError, command_parser
+from ._cli import Parser, command_parser, parse
 
 
 def build_parser() -> Parser:
@@ -50,13 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..live.refit.reference import BadReference
     from ..live.refit.server_check import ServerCheckError, check_server
 
-    try:
-        args = build_parser().parse_args(argv)
-    except UsageError as err:
-        print(f"Error: {err}", file=sys.stderr)
-        return 2
-    except SystemExit as exit_:  # --help
-        return int(exit_.code or 0)
+    args = parse(build_parser(), argv)
+    if isinstance(args, int):
+        return args
     try:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -26,7 +26,7 @@ from ..contract.report import Entry, Report, compare
 from ..contract.source import open_source
 from ..errors import VllmSourceError
 from ..releases import runner_title
-from ._cli import UsageError, command_parser
+from ._cli import command_parser, parse
 
 __all__ = ["TITLES", "build_parser", "main", "render"]
 
@@ -104,13 +104,9 @@ def render(report: Report, *, show_all: bool = False) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``initpipe doctor``; returns the exit status (0 ok, 1 broken, 2 bad input)."""
-    try:
-        args = build_parser().parse_args(argv)
-    except UsageError as err:
-        print(f"Error: {err}", file=sys.stderr)
-        return 2
-    except SystemExit as exit_:  # --help
-        return int(exit_.code or 0)
+    args = parse(build_parser(), argv)
+    if isinstance(args, int):
+        return args
     try:
         source = open_source(args.source)
     except VllmSourceError as err:
