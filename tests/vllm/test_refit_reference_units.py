@@ -117,8 +117,8 @@ def test_the_first_position_past_the_tolerance_is_named_with_its_token() -> None
     tol = (0.2, 0.1)
     worst, mean, why = _against_reference(prompts, [[-1.0, -2.0, -3.0]], [[-1.1, -2, -2.95]], tol)
     assert why == "" and math.isclose(worst, 0.1) and math.isclose(mean, 0.05)
-    worst, _, why = _against_reference(prompts, [[-1.0, -2.0, -3.0]], [[-1.1, -4.5, -9]], tol)
-    assert worst == 2.5
+    worst, mean, why = _against_reference(prompts, [[-1.0, -2.0, -3.0]], [[-1.1, -4.5, -9]], tol)
+    assert worst == 2.5 and math.isclose(mean, 1.3)  # the two positions scored
     assert why.startswith("prompt 0, position 2 (token 7): logprob -2.0000 in the engine, ")
     assert "-4.5000 in the reference: 2.5 apart (tolerance 0.2 at a position)" in why
     _, mean, why = _against_reference(prompts, [[-1.0, -2.0, -3.0]], [[-1.15, -2.15, -3.15]], tol)

@@ -211,8 +211,8 @@ class ProbeResult:
         seconds: the probe's wall time.
         reference_checked: whether the prompts' logprobs were compared with the caller's
             reference (:attr:`Probe.reference_logprobs`); reference_max_diff and
-            reference_mean_diff: the largest difference found there (up to the first past
-            the tolerance) and the mean over every scored position; reference_tolerance:
+            reference_mean_diff: the largest difference found there and the mean over the
+            positions scored (both up to the first past the tolerance); reference_tolerance:
             ``(per position, on average)``, the tolerances it was held to.
     """
 
@@ -421,7 +421,7 @@ def _against_reference(
             if gap > per_position:
                 return (
                     max(worst, gap),
-                    0.0,
+                    (total + gap) / (count + 1),
                     (
                         f"prompt {i}, position {j + 1} (token {prompt[j + 1]}): logprob "
                         f"{e:.4f} in the engine, {r:.4f} in the reference: {gap:.3g} apart "
