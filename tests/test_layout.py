@@ -125,7 +125,7 @@ def _graph() -> nx.DiGraph:
 VLLM_LAYERS = [
     (r"initpipe_vllm\.tools\b", (6, 0)),
     (r"initpipe_vllm\.(testing|pytest_plugin)\b", (5, 0)),
-    (r"initpipe_vllm\.serve\b", (4, 0)),
+    (r"initpipe_vllm\.(serve|integrations)\b", (4, 0)),
     (r"initpipe_vllm\.live(\.plugin|\.api)?$", (3, 4)),
     (r"initpipe_vllm\.live\.(resize|refit)\b", (3, 3)),
     (r"initpipe_vllm\.live\.carry\b", (3, 2)),

@@ -60,6 +60,7 @@ __all__ = [
     "live_call",
     "rank_statuses",
     "rpc",
+    "shares_process",
 ]
 
 logger = logging.getLogger("vllm.initpipe")
@@ -179,10 +180,17 @@ def check_engine(
 
 def rank_statuses(core: Any, capabilities: tuple[str, ...] = ("resize",)) -> list[RankStatus]:
     """Every rank's status, :func:`check_engine`-ed; the workers' model runner remembered."""
-    apart = type(core.model_executor).__name__ != "UniProcExecutor"
+    apart = not shares_process(core)
     statuses = check_engine(core, rpc(core, ranks.rank_status, RankStatus, apart), capabilities)
     engine_state(core).model_runner = statuses[0].model_runner
     return statuses
+
+
+def shares_process(core: Any) -> bool:
+    """Whether the engine core's workers run in its own process: vLLM's ``UniProcExecutor``
+    or a subclass (``ExecutorWithExternalLauncher``, TRL's colocate mode, torchrun), so a
+    collective RPC is a call and tensors can be handed over as they are."""
+    return any(c.__name__ == "UniProcExecutor" for c in type(core.model_executor).__mro__)
 
 
 @vllm_uses(

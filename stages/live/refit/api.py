@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..core.entry import shares_process
 from ..frontend import (
     call,
     call_async,
@@ -140,10 +141,6 @@ def _with_reference(spec: dict[str, Any], reference: Any, engine: Any) -> None:
     spec["probe"] = found.to_dict()
 
 
-def _shares_process(core: Any) -> bool:
-    return type(core.model_executor).__name__ == "UniProcExecutor"
-
-
 def refit(
     llm: Any,
     weights: Any,
@@ -206,7 +203,7 @@ def refit(
     folder = None
     try:
         if tensors is not None:
-            if core is not None and _shares_process(core):
+            if core is not None and shares_process(core):
                 spec["tensors"], spec["transport"] = tuple(tensors), "in-process"
             else:
                 folder = _to_folder(tensors)
