@@ -29,27 +29,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("INITPIPE_VLLM", "1")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before the example's ERROR
 
 #: the fixed prompts the engine's outputs are recorded on after every sync (token ids:
 #: the oracle runs without a tokenizer)
 CHECK_TOKENS = 8
-QUESTIONS = (
-    "What is the capital of France?",
-    "Write one word that rhymes with cat.",
-    "Name a color.",
-)
-
-
-def reward_short_paris(completions: list[Any], **_: Any) -> list[float]:
-    """1 for an answer naming Paris, minus a little per word: a reward a few steps move."""
-    out = []
-    for c in completions:
-        text = c if isinstance(c, str) else c[-1]["content"]
-        out.append(float("paris" in text.lower()) - 0.02 * len(text.split()))
-    return out
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _outputs(llm: Any, prompts: list[list[int]]) -> dict[str, Any]:
@@ -86,61 +71,24 @@ def _reference_gap(llm: Any, model: Any, prompts: tuple[tuple[int, ...], ...]) -
     return {"max": max(diffs), "mean": sum(diffs) / len(diffs), "n": len(diffs)}
 
 
-def _eager() -> None:
-    """TRL builds its engine with no ``enforce_eager`` and offers no option for it: on a CPU
-    vLLM then compiles the model (minutes on 2 cores). The test's one change to TRL's
-    engine: ``enforce_eager=True`` added to the ``LLM`` TRL builds. The weight sync under
-    test is the same either way (vLLM compiles with the weights as inputs)."""
-    import functools
-
-    import trl.generation.vllm_generation as vg
-
-    vg.LLM = functools.partial(vg.LLM, enforce_eager=True)
-
-
 def main() -> None:
     out_dir, model_dir = Path(sys.argv[1]), sys.argv[2]
     out_dir.mkdir(parents=True, exist_ok=True)
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 2
     import torch
-    from datasets import Dataset
     from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+
+    sys.path.insert(0, str(EXAMPLES))
+    from trl_grpo import QUESTIONS, build_trainer, eager_engine  # the page's example
 
     from initpipe_vllm.integrations.trl import use_initpipe_refit
 
     torch.manual_seed(0)
-    _eager()
+    eager_engine()
     tok = AutoTokenizer.from_pretrained(model_dir)
     chat = [[{"role": "user", "content": q}] for q in QUESTIONS]
-    data = Dataset.from_dict({"prompt": chat * 4})
-    config = GRPOConfig(
-        output_dir=str(out_dir / "trainer"),
-        per_device_train_batch_size=2,
-        num_generations=2,
-        max_completion_length=12,
-        max_steps=steps,
-        learning_rate=float(os.environ.get("TRL_LR", "1e-4")),
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        seed=0,
-        use_cpu=True,
-        bf16=False,
-        use_vllm=True,
-        vllm_mode="colocate",
-        vllm_gpu_memory_utilization=0.2,
-        vllm_max_model_length=512,
-        dataloader_num_workers=0,
-    )
     t0 = time.perf_counter()
-    trainer = GRPOTrainer(
-        model=model_dir,
-        reward_funcs=reward_short_paris,
-        args=config,
-        train_dataset=data,
-        processing_class=tok,
-    )
+    trainer = build_trainer(model_dir, out_dir / "trainer", steps, lr=1e-4)
     built_s = time.perf_counter() - t0
     gen = trainer.vllm_generation
     llm = gen.llm
