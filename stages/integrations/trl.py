@@ -36,7 +36,10 @@ from typing import Any
 
 import attrs
 
-from ..live.api import refit, weights_info
+from ..errors import ResizeRefusedError
+from ..live.api import refit
+from ..live.core.entry import rank_statuses
+from ..live.frontend import engine_of, inproc_core
 from ..live.refit.engine import refused
 from ..live.refit.probe import Probe
 from ..live.refit.receipt import RefitReceipt
@@ -110,6 +113,22 @@ def _check_trainer(trainer: Any) -> Any:
     if getattr(dist, "is_fsdp", False) or getattr(dist, "is_zero3", False):
         raise refused("arguments", "FSDP or DeepSpeed ZeRO-3 shards the weights: not supported")
     return model
+
+
+def _check_engine(llm: Any) -> None:
+    """Refuse an engine a refit cannot follow (not initpipe's worker, above all) now, as the
+    refit itself would at the first sync."""
+    core = inproc_core(engine_of(llm, refused))
+    if core is None:
+        raise refused(
+            "engine",
+            "the engine core runs in its own process, not the trainer's: TRL's colocate mode "
+            "runs it in the trainer's process (VLLM_ENABLE_V1_MULTIPROCESSING=0)",
+        )
+    try:
+        rank_statuses(core, ("resize", "refit"))
+    except ResizeRefusedError as err:
+        raise refused("engine", err.reason) from None
 
 
 def _prompts(trainer: Any, text: str | None, prompts: Sequence[Sequence[int]] | None) -> Any:
@@ -216,7 +235,7 @@ def use_initpipe_refit(
     bad = Probe(prompts=found, reference_tolerance=tolerance).problems()
     if bad:
         raise refused("arguments", "; ".join(bad))
-    weights_info(gen.llm)  # refuses an engine not started with initpipe's worker
+    _check_engine(gen.llm)
     sync = RefitSync(trainer=trainer, prompts=found, tolerance=tolerance, on_receipt=on_receipt)
     gen.sync_weights = sync
     return sync
