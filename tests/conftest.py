@@ -45,7 +45,7 @@ SITE = Path(__file__).with_name("subprocess_site")
 #: modules do not start last: every test runs, and the unlisted modules follow in
 #: collection order.
 SLOW_FIRST = (
-    "tests/vllm/test_trl_grpo.py",  # 360 s under load (TRL's GRPO, 2 steps; 4 stock starts)
+    "tests/vllm/test_trl_grpo.py",  # 375 s (TRL GRPO, 2 steps, 3 syncs; 3 stock starts)
     "tests/vllm/test_refit_real.py",  # 205-308 s (SmolLM2-135M bf16, training steps)
     "tests/test_docs_outputs.py",  # 231-260 s (the docs' examples that show their output)
     "tests/vllm/test_refit_models.py",  # 256 s (tied Qwen3 v1/MRv2, LFM2, MLA, Gemma 2, ...)

@@ -66,7 +66,7 @@ def main(out: str, _weights_dir: str) -> None:
     run = json.loads((work / "run.json").read_text())
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the oracle's engines in this process
     start = time.perf_counter()
-    oracle = {"checkpoint": _stock_outputs(str(model), run["engine"], run["prompts"])}
+    oracle: dict[str, Any] = {}
     for sync in run["syncs"]:
         oracle[sync["folder"]] = _stock_outputs(sync["folder"], run["engine"], run["prompts"])
         shutil.rmtree(sync["folder"])  # 0.5 GB each
@@ -109,10 +109,6 @@ def test_grpo_trains_and_every_sync_is_a_refit_checked_against_the_trainer(resul
         assert "reference: " in sync["receipt"]
 
 
-def test_the_engine_starts_as_a_fresh_stock_engine_on_the_checkpoint(result: Any) -> None:
-    assert result["run"]["before"] == result["oracle"]["checkpoint"]
-
-
 def test_after_every_sync_the_engine_is_a_fresh_stock_engine_on_the_trainers_weights(
     result: Any,
 ) -> None:
@@ -121,10 +117,13 @@ def test_after_every_sync_the_engine_is_a_fresh_stock_engine_on_the_trainers_wei
 
 
 def test_training_changed_what_the_engine_serves(result: Any) -> None:
+    """The first sync hands over the checkpoint's own weights (TRL syncs before step 0's
+    generation), the last one two steps later: other tokens, so the equalities above are not
+    those of an unchanged model."""
     syncs = result["run"]["syncs"]
-    assert (
-        result["oracle"][syncs[-1]["folder"]]["tokens"] != result["oracle"]["checkpoint"]["tokens"]
-    )
+    first, last = result["oracle"][syncs[0]["folder"]], result["oracle"][syncs[-1]["folder"]]
+    assert result["run"]["before"] == syncs[0]["outputs"]
+    assert last["tokens"] != first["tokens"]
 
 
 def test_vllms_own_reload_serves_a_stale_state_the_refit_repairs(result: Any) -> None:
