@@ -51,8 +51,8 @@ log = logging.getLogger(__name__)
 #: The text the trainer and the engine both score after every sync when none is given: plain
 #: English, so a correct engine agrees with the trainer well inside bf16's tolerance while a
 #: head left on old weights does not (random tokens blur the two: see the refit page), and
-#: longer than one 128-token KV block (about 140 tokens), so the probe's warm run reads the
-#: prefix cache the cold run filled.
+#: longer than one 128-token KV block (130 tokens with SmolLM2's tokenizer), so the probe's
+#: warm run reads the prefix cache the cold run filled.
 DEFAULT_TEXT = (
     "The capital of France is Paris. It lies on the Seine, in the north of the country, and "
     "it has been the seat of the French government for most of the last thousand years. "

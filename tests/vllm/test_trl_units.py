@@ -69,12 +69,20 @@ def test_bad_arguments_are_refused(kwargs: dict[str, Any], culprit: str) -> None
         use_initpipe_refit(_trainer(), **kwargs)
 
 
-def test_the_default_text_is_tokenized_by_the_trainers_tokenizer() -> None:
-    """The check's prompt is the default text through ``processing_class`` (here a word
-    counter), and the engine is asked whether it runs initpipe's worker before anything
-    changes: a plain object is not an engine, so it is refused there."""
+def test_the_check_scores_the_default_text_through_the_trainers_tokenizer() -> None:
+    """Without ``text=`` or ``prompts=``, the check's one prompt is :data:`DEFAULT_TEXT`
+    through ``processing_class`` (here a word counter: one id per word)."""
+    from initpipe_vllm.integrations.trl import _prompts
+
+    (prompt,) = _prompts(_trainer(), None, None)
+    assert prompt == tuple(range(len(DEFAULT_TEXT.split())))
+    assert _prompts(_trainer(), "two words", None) == ((0, 1),)
+
+
+def test_an_object_that_is_not_an_engine_is_refused_after_the_trainer_checks() -> None:
+    """A trainer that passes every check, its ``llm`` not a vLLM engine: refused at the
+    engine check, naming it; TRL's own sync stays in place."""
     trainer = _trainer()
-    with pytest.raises(RefitRefusedError):
+    with pytest.raises(RefitRefusedError, match="is not a vLLM LLM"):
         use_initpipe_refit(trainer)
     assert trainer.vllm_generation.sync_weights is _sync
-    assert len(DEFAULT_TEXT.split()) > 100
