@@ -13,7 +13,7 @@ STAMP   := $(VENV)/.installed
 TEST_WORKERS ?= 2
 PYTEST_ARGS  := -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
 
-.PHONY: run test test-release test-device test-loaded test-core check check-deep install sysdeps device device-lock locks bench clean docs docs-serve
+.PHONY: run test test-model test-release test-device test-loaded test-core check check-deep install sysdeps device device-lock locks bench clean docs docs-serve
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -76,11 +76,20 @@ run: $(STAMP)
 # Every tier: the whole suite on vLLM 0.32.0 (the base venv), then the release tier on the
 # 0.33.0 and 0.34.0 devices: the tests marked `proof` (tests/release_tier.py), which every
 # supported release passes against its own stock vLLM (0.34.0: Model Runner V2's).
-test: $(STAMP) sysdeps
+# The real model of the tests, converted once (about 25 s) for every tier of `make test`
+# (tests/conftest.py reads INITPIPE_TEST_CACHE_DIR; without it, each pytest run converts into
+# its own temporary folder).
+TEST_CACHE := $(CURDIR)/.cache/test-model
+export INITPIPE_TEST_CACHE_DIR := $(TEST_CACHE)
+
+test-model: $(STAMP)
+	$(BIN)/python -m initpipe_vllm.real_model $(TEST_CACHE) >/dev/null
+
+test: $(STAMP) sysdeps test-model
 	VLLM_TARGET_DEVICE=cpu $(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-release
 
-test-release: $(STAMP)
+test-release: $(STAMP) test-model
 	@set -e; for r in $(TEST_DEVICES); do \
 	  $(MAKE) --no-print-directory device DEVICE_RELEASE=$$r; \
 	  echo "release tier: vLLM $$r (its test device)"; \
@@ -93,7 +102,7 @@ test-device:
 
 # The same suite while busy loops keep every core loaded: a test that depends on the
 # machine's speed fails here.
-test-loaded: $(STAMP) sysdeps
+test-loaded: $(STAMP) sysdeps test-model
 	VLLM_TARGET_DEVICE=cpu $(BIN)/python scripts/under_load.py -- \
 	    $(BIN)/python -m pytest $(PYTEST_ARGS)
 

@@ -7,7 +7,9 @@ device). For the whole session, ``TMPDIR`` (and Python's cached ``tempfile.tempd
 ``XDG_RUNTIME_DIR`` point into pytest's base temporary folder, so temporary files of vLLM,
 torch and Chromium, and initpipe's private failure-trace folder, land there too —
 including in the subprocesses tests start, which inherit the environment.
-``INITPIPE_CACHE_DIR`` (the real model's conversion) is one folder all workers share.
+``INITPIPE_CACHE_DIR`` (the real model's conversion) is one folder all workers share:
+``make test``'s ``INITPIPE_TEST_CACHE_DIR`` (``.cache/test-model`` in the checkout, converted
+once before its tiers), else a folder of the run.
 
 ``make test`` runs the modules in two worker processes (pytest-xdist, ``--dist loadfile
 --no-loadscope-reorder``: a module stays in one worker, so its engines start once, and the
@@ -37,6 +39,9 @@ from release_tier import (
 from initpipe_vllm.compat import v1_runner_installed
 
 #: The suite's ``sitecustomize`` for the processes its tests start (see the fixture below).
+#: Where ``make test`` converted the real model for all its tiers (unset: each run converts it
+#: into its own temporary folder).
+TEST_CACHE_VAR = "INITPIPE_TEST_CACHE_DIR"
 SITE = Path(__file__).with_name("subprocess_site")
 
 #: Modules that start engines or servers, slowest first (seconds of one worker, measured
@@ -59,13 +64,13 @@ SLOW_FIRST = (
     "tests/vllm/test_mrv2.py",  # 115 s (Model Runner V2 on Triton's interpreter)
     "tests/benchmarks/test_vllm_smoke.py",  # 110 s
     "tests/startup/test_startup_engines.py",  # 104 s (five starts: in-process x2, TP=2, serve, v2)
+    "tests/vllm/test_check_weights.py",  # 86-107 s alone (a stock server on SmolLM2)
     "tests/vllm/test_resize.py",  # 85 s (v1 and MRv2)
     "tests/vllm/test_resize_warm_models.py",  # 76 s (eight models, v1 in-process)
     "tests/vllm/test_refit_tp2.py",  # 76 s (three TP=2 engines, each in its own processes)
     "tests/vllm/test_resize_multiprocess.py",  # 74 s
     "tests/vllm/test_resize_parallel.py",  # 65 s (v1 and MRv2)
     "tests/vllm/test_real_model.py",  # 62 s (initpipe run --compare-stock; a warm resize)
-    "tests/vllm/test_check_weights.py",  # about 60 s? (a stock server on SmolLM2; unmeasured)
     "tests/vllm/test_serve_refit.py",  # 61 s (two servers)
     "tests/vllm/test_kv_sensitivity.py",  # 44 s (six cache kinds, one MRv2 process)
     "tests/plugin/test_pytest_plugin.py",  # 34 s
@@ -147,8 +152,11 @@ def _writes_stay_in_pytest_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iter
     saved_tempdir = tempfile.tempdir
     os.environ["TMPDIR"] = str(tmp)
     os.environ["XDG_RUNTIME_DIR"] = str(runtime)
-    # the real model's conversion (initpipe_vllm.real_model): once per run, for every worker
-    os.environ["INITPIPE_CACHE_DIR"] = str(shared_tmp(tmp_path_factory, "initpipe-cache"))
+    # the real model's conversion (initpipe_vllm.real_model): once per run, for every worker;
+    # `make test` converts it once for all its tiers (INITPIPE_TEST_CACHE_DIR, in the checkout)
+    os.environ["INITPIPE_CACHE_DIR"] = os.environ.get(TEST_CACHE_VAR) or str(
+        shared_tmp(tmp_path_factory, "initpipe-cache")
+    )
     tempfile.tempdir = str(tmp)
     try:
         yield

