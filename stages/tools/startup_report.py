@@ -371,6 +371,14 @@ def build(
         origin_s = min(candidates)
     t0 = origin_s
 
+    def since_origin(wall_s: float) -> float:
+        """A process-clock time on the report's clock. The creation time of a process is
+        read as ``time.time()`` less its age (``marks.process_start_s``: two clock reads),
+        so two readings of one creation differ by the time between the reads: less than a
+        tick before the origin is the origin (never ``-0.000``)."""
+        d = wall_s - t0
+        return 0.0 if -_TICK < d < 0 else d
+
     nodes: dict[str, _Node] = {}
     # vLLM re-seeds `random` in every process (and again within one), where the SDK draws
     # span ids: the same id can name spans of two workers, or two spans of one process.
@@ -413,14 +421,17 @@ def build(
     # named intervals: the process's own, and the start before its plugins loaded
     for pid in sorted(set(headers) | set(intervals), key=lambda p: p or 0):
         label = label_of[pid]
-        own = [(r["start_s"] - t0, r["end_s"] - t0, r["name"]) for r in intervals.get(pid, [])]
+        own = [
+            (since_origin(r["start_s"]), since_origin(r["end_s"]), r["name"])
+            for r in intervals.get(pid, [])
+        ]
         header = headers.get(pid, {})
         first_span = min((n.start for n in by_process.get(label, [])), default=None)
         if header.get("create_s") and header.get("plugins_s"):
             end = header["plugins_s"] - t0
             if first_span is not None:  # vLLM loads plugins inside its first span at times
-                end = min(end, max(first_span, header["create_s"] - t0))
-            whole = (header["create_s"] - t0, end)
+                end = min(end, max(first_span, since_origin(header["create_s"])))
+            whole = (since_origin(header["create_s"]), end)
             for a, b in _minus(whole, [(a, b) for a, b, _ in own]):
                 if b - a >= _MIN_GAP:
                     own.append((a, b, "start and imports"))
@@ -536,7 +547,7 @@ def build(
                 "pid": pid,
                 "kind": kind,
                 "rank": rank,
-                "create_s": _r(create - t0) if create else None,
+                "create_s": _r(since_origin(create)) if create else None,
             }
         )
     processes.sort(key=lambda p: (p["create_s"] if p["create_s"] is not None else 1e9, p["name"]))

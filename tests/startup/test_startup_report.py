@@ -358,3 +358,33 @@ def test_a_note_of_what_initpipe_changed_is_listed_once_with_its_processes() -> 
     assert r["notes"] == [{"text": said, "processes": ["frontend"]}]
     assert f"note (frontend): {said}" in render(r, "text")
     assert build([span("Executor init", 1.0, 2.0, "e1")], marks[:1])["notes"] == []
+
+
+def test_a_creation_read_just_before_the_origin_is_the_origin() -> None:
+    """``initpipe startup run`` takes the child's creation time as the origin, and the child
+    reads its own again (``marks.process_start_s``: wall clock less the process's age, two
+    clock reads): under load the second reading can fall microseconds before the first. The
+    report puts it at the origin; it printed ``created @-0.000 s`` and a critical chain from
+    ``@  -0.000 s`` (a docs example failed on it)."""
+    early = T0 - 0.0004
+    marks = [
+        {"kind": "process", "pid": 1, "ppid": 0, "argv": ["python"], "create_s": early},
+        {
+            "kind": "interval",
+            "pid": 1,
+            "name": "interpreter start",
+            "start_s": early,
+            "end_s": T0 + 0.5,
+        },
+    ]
+    r = build([span("Executor init", 1.0, 2.0, "e1")], marks, origin_s=T0, ready_s=T0 + 2.0)
+    assert r["processes"][0]["create_s"] == 0.0
+    (start,) = [s for s in r["spans"] if s["name"] == "interpreter start"]
+    assert start["start_s"] == 0.0
+    text = render(r, "text")
+    assert "-0.000" not in text and "created @0.000 s" in text
+    # a tick or more before the origin stays where it was read
+    marks[0]["create_s"] = T0 - 0.05
+    assert build([span("Executor init", 1.0, 2.0, "e1")], marks, origin_s=T0)["processes"][0][
+        "create_s"
+    ] == pytest.approx(-0.05)
