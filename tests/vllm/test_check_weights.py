@@ -128,6 +128,9 @@ def test_the_python_api_takes_logprobs_and_says_how_close(
     assert len(served[0]) == len(prompt) - 1 and all(v <= 0 for v in served[0])
     same: Any = check_server(url, served, [prompt])
     assert same.ok and same.max_diff == 0.0 and same.positions == len(prompt) - 1
+    unchecked = check_server(url, served, [prompt], cache_tokens=0)  # the cache check off
+    assert unchecked.ok and unchecked.cache_tokens == 0 and unchecked.cached_tokens == ()
+    assert "prefix cache" not in unchecked.summary()
     shifted = [[v - 0.2 for v in served[0]]]
     off = check_server(url, shifted, [prompt])
     assert not off.ok and "0.2 on average" in off.problem

@@ -333,8 +333,10 @@ def check_server(
         if cache_tokens
         else ()
     )
-    scored = [list(p) + list(c.tokens) for p, c in zip(prompts, conts, strict=False)]
-    scored += [list(p) for p in prompts[len(conts) :]]
+    # one prompt-logprobs request per prompt: the prompt's part for the reference check, the
+    # generated tokens' part (read without the cache) for the cache check
+    tails = [c.tokens for c in conts] if conts else [() for _ in prompts]
+    scored = [[*p, *t] for p, t in zip(prompts, tails, strict=True)]
     got_all = server_logprobs(url, scored, model=name, timeout=timeout)
     seconds = time.perf_counter() - started
     got = tuple(row[: len(p) - 1] for row, p in zip(got_all, prompts, strict=True))
@@ -342,9 +344,8 @@ def check_server(
     worst, mean, why = _against_reference(prompts, got, want, tol)
     why = why.replace("the engine", "the server")
     atol = default_atol(dtype)
-    cache_worst, cache_why = _against_uncached(
-        conts, [row[len(p) - 1 :] for row, p in zip(got_all, prompts, strict=False)], atol
-    )
+    fresh = [row[len(p) - 1 :] for row, p in zip(got_all, prompts, strict=True)]
+    cache_worst, cache_why = _against_uncached(conts, fresh, atol) if conts else (0.0, "")
     return ServerCheck(
         url=url,
         ok=not why and not cache_why,
