@@ -14,8 +14,10 @@ a transformers model folder's.
   ``/collective_rpc``), they do not, and the check names the cache; after
   ``/reset_prefix_cache`` they agree again.
 
-One stock server (the oracle is the plain OpenAI route: nothing of initpipe runs in it; its
-dev routes, ``VLLM_SERVER_DEV_MODE=1``, only plant the defect).
+A release proof: every release tier runs the module against its own stock server (run so on
+vLLM 0.32.0, 0.33.0 and 0.34.0, the latter two on the CPU test devices, which are for tests,
+never the product path). One stock server (the oracle is the plain OpenAI route: nothing of
+initpipe runs in it; its dev routes, ``VLLM_SERVER_DEV_MODE=1``, only plant the defect).
 """
 
 from __future__ import annotations
@@ -94,6 +96,16 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         timeout=600,
         env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"},
     )
+
+
+def test_the_server_is_the_vllm_release_under_test(url: str) -> None:
+    """The check runs on every release tier (``tests/release_tier.py``): the server it asks is
+    the stock vLLM of the tier, not some other install."""
+    import vllm
+
+    with urllib.request.urlopen(f"{url}/version", timeout=60) as r:
+        served = json.load(r)["version"]
+    assert served == vllm.__version__
 
 
 def test_the_servers_own_weights_agree(url: str, folders: dict[str, Path]) -> None:
