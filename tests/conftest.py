@@ -14,7 +14,8 @@ once before its tiers), else a folder of the run.
 ``make test`` runs the modules in two worker processes (pytest-xdist, ``--dist loadfile
 --no-loadscope-reorder``: a module stays in one worker, so its engines start once, and the
 workers take modules in collection order). :data:`SLOW_FIRST` moves the long modules to the
-front, so neither worker is left with a long module at the end while the other idles.
+front, so neither worker is left with a long module at the end while the other idles
+(``tests/module_order.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from module_order import LISTED_MODULE_S, SLOW_FIRST, module_seconds
 from release_tier import (
     EVERY_MRV2,
     V1_ONLY,
@@ -43,50 +45,6 @@ from initpipe_vllm.compat import v1_runner_installed
 #: into its own temporary folder).
 TEST_CACHE_VAR = "INITPIPE_TEST_CACHE_DIR"
 SITE = Path(__file__).with_name("subprocess_site")
-
-#: Modules that start engines or servers, slowest first (seconds of one worker, measured
-#: quiet on 2 cores with ``make test``'s two workers, issue 51; ``make test`` prints the
-#: slowest tests, by which to keep this list in step). It only orders, so that the longest
-#: modules do not start last: every test runs, and the unlisted modules follow in
-#: collection order.
-SLOW_FIRST = (
-    "tests/vllm/test_trl_grpo.py",  # 375 s (TRL GRPO, 2 steps, 3 syncs; 3 stock starts)
-    "tests/vllm/test_refit_real.py",  # 205-308 s (SmolLM2-135M bf16, training steps)
-    "tests/test_docs_outputs.py",  # 231-260 s (the docs' examples that show their output)
-    "tests/vllm/test_refit_models.py",  # 256 s (tied Qwen3 v1/MRv2, LFM2, MLA, Gemma 2, ...)
-    "tests/vllm/test_rl_loop.py",  # 167-223 s (examples/rl_loop.py on SmolLM2: 2 steps)
-    "tests/vllm/test_engine_equivalence.py",  # 132-164 s
-    "tests/vllm/test_parallel.py",  # 141-161 s
-    "tests/hook/test_hook.py",  # 150 s
-    "tests/vllm/test_refit.py",  # 142 s (v1 and MRv2)
-    "tests/vllm/test_serve.py",  # 136 s (v1 and MRv2 servers)
-    "tests/vllm/test_resize_warm.py",  # 116 s (v1 and MRv2, in-process)
-    "tests/vllm/test_mrv2.py",  # 115 s (Model Runner V2 on Triton's interpreter)
-    "tests/benchmarks/test_vllm_smoke.py",  # 110 s
-    "tests/startup/test_startup_engines.py",  # 104 s (five starts: in-process x2, TP=2, serve, v2)
-    "tests/vllm/test_check_weights.py",  # 86-107 s alone (a stock server on SmolLM2)
-    "tests/vllm/test_resize.py",  # 85 s (v1 and MRv2)
-    "tests/vllm/test_resize_warm_models.py",  # 76 s (eight models, v1 in-process)
-    "tests/vllm/test_refit_tp2.py",  # 76 s (three TP=2 engines, each in its own processes)
-    "tests/vllm/test_resize_multiprocess.py",  # 74 s
-    "tests/vllm/test_resize_parallel.py",  # 65 s (v1 and MRv2)
-    "tests/vllm/test_real_model.py",  # 62 s (initpipe run --compare-stock; a warm resize)
-    "tests/vllm/test_serve_refit.py",  # 61 s (two servers)
-    "tests/vllm/test_kv_sensitivity.py",  # 44 s (six cache kinds, one MRv2 process)
-    "tests/plugin/test_pytest_plugin.py",  # 34 s
-    "tests/hook/test_plugin.py",  # 28 s
-    "tests/vllm/test_refit_unreloadable.py",  # 23 s (GPT-OSS fails closed)
-    "tests/vllm/test_equivalence_negative.py",  # 21 s (four tiny-llama engines, one process)
-    "tests/vllm/test_stage_spans.py",  # 19 s (two traced engines)
-    "tests/benchmarks/test_refit_smoke.py",  # 17 s
-    "tests/vllm_plan/test_vllm_plan.py",  # 17 s
-    "tests/vllm/test_runner.py",  # 13 s
-    "tests/vllm/test_mrv2_engineless.py",  # 11 s
-    "tests/reliability/test_fault_injection.py",  # 5 s (tiny-llama and tiny-nemotron-h rigs)
-    "tests/vllm/test_kv_phase.py",  # 5 s
-    "tests/vllm/test_model_phase.py",  # 2 s
-    "tests/vllm/test_forced_backends.py",  # 2 s
-)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -213,9 +171,18 @@ def _module_garbage_collected(_gc_freezes_survivors: None) -> Iterator[None]:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """List the README's and docs' examples the suite does not run, and why (each says so
-    on the line before its fence; tests/test_docs_examples.py runs the others)."""
+    """List the slowest modules (by which to keep :data:`SLOW_FIRST` in step), then the
+    README's and docs' examples the suite does not run, and why (each says so on the line
+    before its fence; tests/test_docs_examples.py runs the others)."""
     from doc_blocks import blocks
+
+    reports = (r for kind in terminalreporter.stats.values() for r in kind)
+    slow = {m: s for m, s in module_seconds(reports).items() if s >= LISTED_MODULE_S}
+    if slow:
+        terminalreporter.section("slowest modules (seconds of one worker; module_order.SLOW_FIRST)")
+        for module, seconds in slow.items():
+            first = "" if module in SLOW_FIRST else "  (not in SLOW_FIRST)"
+            terminalreporter.write_line(f"{seconds:8.1f}  {module}{first}")
 
     shown = [b for b in blocks() if b.marker is not None]
     if not shown:
